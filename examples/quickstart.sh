@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole ncclean loop on generated data, from a fresh checkout:
+# demo data -> inject 30% noise -> fit -> evaluate -> score again -> filter.
+# Usage: bash examples/quickstart.sh [OUT_DIR] [PAIRS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-demo-out}
+pairs=${2:-2000}
+cargo build --release --quiet
+bin=target/release/ncclean
+mkdir -p "$out"
+
+$bin demo --out "$out" --pairs "$pairs" --seed 0
+$bin corrupt "$out/demo.parquet" --rate 0.3 --seed 1 --out "$out/noisy.parquet"
+$bin inspect "$out/noisy.parquet"
+time $bin fit "$out/noisy.parquet" --method vanilla --out-dir "$out/run" --seed 0
+echo "--- detection of the injected noise"
+$bin eval --labels "$out/run/labels.parquet" --truth "$out/noisy.parquet"
+echo "--- scoring again through the checkpoint"
+$bin score "$out/noisy.parquet" --checkpoint "$out/run" --out "$out/scored.parquet"
+$bin filter "$out/noisy.parquet" --labels "$out/run/labels.parquet" --keep-fraction 0.7 --out "$out/top70.parquet"
+echo "outputs in $out/: run/labels.parquet, run/filtered.parquet, run/stats.json, scored.parquet, top70.parquet"

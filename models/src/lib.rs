@@ -1,0 +1,16 @@
+//! Encoders and matching heads for ncclean.
+//!
+//! Everything trainable is built on [`params::ParamStore`], which initialises
+//! parameters from a seed so that runs are reproducible on CPU.
+
+pub mod inputs;
+pub mod layers;
+pub mod model;
+pub mod params;
+pub mod preprocess;
+pub mod rng;
+pub mod vocab;
+
+pub use inputs::{ImageInputs, PairInputs, TextBatch, TextInputs};
+pub use model::{similarity, ImageTowerConfig, MatchingModel, ModelConfig, TextTowerConfig};
+pub use params::ParamStore;

@@ -1,0 +1,124 @@
+//! Pipeline configuration: built-in presets (TOML files under `presets/`),
+//! overridden by a user file and then by flags.
+
+use serde::{Deserialize, Serialize};
+
+use ncclean_models::ModelConfig;
+
+use crate::division::MixtureKind;
+
+/// Settings shared by every pipeline. Fields a method does not use are ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Total epochs, warm-up included.
+    pub epochs: usize,
+    /// Warm-up epochs on all pairs with the per-sample hinge.
+    pub warmup_epochs: usize,
+    /// Pairs per batch.
+    pub batch_size: usize,
+    /// Learning rate.
+    pub lr: f64,
+    /// Multiply the learning rate by `lr_decay` at each epoch in `lr_decay_epochs`.
+    pub lr_decay: f64,
+    /// Epochs (0-based) at which the learning rate decays.
+    pub lr_decay_epochs: Vec<usize>,
+    /// Hinge margin α.
+    pub margin: f64,
+    /// Soft-margin base m.
+    pub soft_margin_m: f64,
+    /// Global gradient-norm clip (0 disables).
+    pub grad_clip: f64,
+    /// Mixture model used for division.
+    pub mixture: MixtureKind,
+    /// Shuffles averaged for the per-sample hinge when scoring.
+    pub division_shuffles: usize,
+    /// Decision threshold on the clean probability.
+    pub threshold: f64,
+    /// Width of the joint space.
+    pub joint_dim: usize,
+    /// Hidden width of projection heads.
+    pub hidden: usize,
+    /// Width of the demo CNN's first layer.
+    pub cnn_width: usize,
+    /// Side length images are resized to for the demo CNN.
+    pub image_size: usize,
+    /// Word embedding width of the demo text tower.
+    pub word_dim: usize,
+}
+
+/// The preset TOML of a method, as shipped.
+pub fn preset_text(method: &str) -> Option<&'static str> {
+    match method {
+        "vanilla" => Some(include_str!("../presets/vanilla.toml")),
+        _ => None,
+    }
+}
+
+/// Methods that can be run.
+pub const METHODS: &[&str] = &["vanilla"];
+
+/// Resolve a configuration: the method's preset, then `user` TOML (a partial
+/// table), then `overrides` (also a partial table, from flags).
+pub fn resolve(method: &str, user: Option<&str>, overrides: &toml::Table) -> Result<TrainConfig, String> {
+    let preset = preset_text(method).ok_or_else(|| {
+        format!("unknown method {method:?}; available: {}", METHODS.join(", "))
+    })?;
+    let mut table: toml::Table = preset
+        .parse()
+        .map_err(|e| format!("built-in preset for {method} is invalid: {e}"))?;
+    if let Some(u) = user {
+        let t: toml::Table = u.parse().map_err(|e| format!("config file is not valid TOML: {e}"))?;
+        // A config file may hold one table per method; take ours, else the top level.
+        let t = match t.get(method) {
+            Some(toml::Value::Table(inner)) => inner.clone(),
+            _ => t,
+        };
+        merge(&mut table, &t);
+    }
+    merge(&mut table, overrides);
+    toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| format!("invalid configuration: {e}"))
+}
+
+fn merge(base: &mut toml::Table, over: &toml::Table) {
+    for (k, v) in over {
+        base.insert(k.clone(), v.clone());
+    }
+}
+
+/// Rebuild the model configuration a checkpoint needs, from the train config
+/// and the shape of the inputs.
+pub fn model_config(cfg: &TrainConfig, image: ncclean_models::ImageTowerConfig, text: ncclean_models::TextTowerConfig) -> ModelConfig {
+    ModelConfig {
+        image,
+        text,
+        joint_dim: cfg.joint_dim,
+        hidden: cfg.hidden,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preset_then_file_then_flags() {
+        let base = resolve("vanilla", None, &toml::Table::new()).unwrap();
+        let file = "[vanilla]\nepochs = 7\nlr = 0.5\n";
+        let mut flags = toml::Table::new();
+        flags.insert("epochs".into(), toml::Value::Integer(3));
+        let c = resolve("vanilla", Some(file), &flags).unwrap();
+        assert_eq!(c.epochs, 3);
+        assert_eq!(c.lr, 0.5);
+        assert_eq!(c.batch_size, base.batch_size);
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        assert!(resolve("nope", None, &toml::Table::new()).unwrap_err().contains("unknown method"));
+        let e = resolve("vanilla", Some("epochz = 3"), &toml::Table::new()).unwrap_err();
+        assert!(e.contains("epochz"), "{e}");
+    }
+}

@@ -1,0 +1,115 @@
+//! Losses shared by the pipelines (METHODS.md section 0), on a batch
+//! similarity matrix `S` (`S[i, j]` = image i against caption j).
+
+use candle_core::{DType, Result, Tensor, D};
+
+/// Diagonal of a square matrix as a vector.
+pub fn diagonal(s: &Tensor) -> Result<Tensor> {
+    let n = s.dim(0)?;
+    let eye = Tensor::eye(n, s.dtype(), s.device())?;
+    (s * eye)?.sum(1)
+}
+
+/// NCR per-sample hinge used for division and warm-up:
+/// `l(i) = mean_{j≠i} [α − S_ii + S_ij]+ + mean_{j≠i} [α − S_ii + S_ji]+`.
+/// A batch of one pair has no negatives and gets 0.
+pub fn per_sample_hinge(s: &Tensor, margin: f64) -> Result<Tensor> {
+    let n = s.dim(0)?;
+    if n < 2 {
+        return Tensor::zeros(n, s.dtype(), s.device());
+    }
+    let d = diagonal(s)?;
+    let off = (Tensor::ones((n, n), s.dtype(), s.device())? - Tensor::eye(n, s.dtype(), s.device())?)?;
+    // row i: caption j against image i; column i: image j against caption i
+    let cost_t = ((s.broadcast_sub(&d.unsqueeze(1)?)? + margin)?.relu()? * &off)?.sum(1)?;
+    let cost_i = ((s.broadcast_sub(&d.unsqueeze(0)?)? + margin)?.relu()? * &off)?.sum(0)?;
+    (cost_t + cost_i)? / (n - 1) as f64
+}
+
+/// Soft margin `α̂ = α (m^ŷ − 1)/(m − 1)` for labels `ŷ` in [0, 1].
+pub fn soft_margin(labels: &Tensor, alpha: f64, m: f64) -> Result<Tensor> {
+    // m^ŷ = exp(ŷ ln m)
+    ((labels * m.ln())?.exp()? - 1.0)? * (alpha / (m - 1.0))
+}
+
+/// VSE++ hardest-negative hinge with a per-pair soft margin:
+/// `L(i) = [α̂_i − S_ii + max_{j≠i} S_ij]+ + [α̂_i − S_ii + max_{j≠i} S_ji]+`.
+/// The query's own margin is used in both directions.
+pub fn soft_margin_hinge(s: &Tensor, labels: &Tensor, alpha: f64, m: f64) -> Result<Tensor> {
+    let n = s.dim(0)?;
+    if n < 2 {
+        return Tensor::zeros(n, s.dtype(), s.device());
+    }
+    let d = diagonal(s)?;
+    let margin = soft_margin(labels, alpha, m)?;
+    // Push the diagonal far down so it is never the hardest negative.
+    let masked = (s - (Tensor::eye(n, s.dtype(), s.device())? * 1e4)?)?;
+    let hardest_t = masked.max(D::Minus1)?;
+    let hardest_i = masked.max(0)?;
+    let base = (margin - d)?;
+    (&base + hardest_t)?.relu()? + (&base + hardest_i)?.relu()?
+}
+
+/// Mean of a vector, 0 for an empty one.
+pub fn mean(x: &Tensor) -> Result<Tensor> {
+    if x.elem_count() == 0 {
+        return Tensor::zeros((), DType::F32, x.device());
+    }
+    x.mean_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn s3() -> Tensor {
+        // S = [[0.9, 0.5, 0.1],
+        //      [0.2, 0.3, 0.6],
+        //      [0.4, 0.0, 0.8]]
+        Tensor::new(&[[0.9f32, 0.5, 0.1], [0.2, 0.3, 0.6], [0.4, 0.0, 0.8]], &Device::Cpu).unwrap()
+    }
+
+    fn close(a: &[f32], b: &[f32]) {
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    fn per_sample_hinge_hand_computed() -> Result<()> {
+        // α = 0.2
+        // i=0: rows [0.2-0.9+0.5]+=0, [0.2-0.9+0.1]+=0; cols [0.2-0.9+0.2]+=0, [0.2-0.9+0.4]+=0 → 0
+        // i=1: rows [0.2-0.3+0.2]=0.1, [0.2-0.3+0.6]=0.5 → mean 0.3;
+        //      cols [0.2-0.3+0.5]=0.4, [0.2-0.3+0.0]=0 → mean 0.2 → 0.5
+        // i=2: rows [0.2-0.8+0.4]+=0, [0.2-0.8+0.0]+=0; cols [0.2-0.8+0.1]+=0, [0.2-0.8+0.6]=0 → 0
+        let l: Vec<f32> = per_sample_hinge(&s3(), 0.2)?.to_vec1()?;
+        close(&l, &[0.0, 0.5, 0.0]);
+        Ok(())
+    }
+
+    #[test]
+    fn soft_margin_hinge_hand_computed() -> Result<()> {
+        // labels ŷ = [1, 0.5, 0]; α = 0.2, m = 10
+        // α̂ = 0.2 (10^ŷ − 1)/9 = [0.2, 0.2·(√10−1)/9 = 0.0480506, 0]
+        // i=0: max row (0.5), max col (0.4): [0.2-0.9+0.5]+ + [0.2-0.9+0.4]+ = 0
+        // i=1: max row 0.6, max col 0.5: [0.04805-0.3+0.6] + [0.04805-0.3+0.5] = 0.34805 + 0.24805
+        // i=2: max row 0.4, max col 0.6: [0-0.8+0.4]+ + [0-0.8+0.6]+ = 0
+        let labels = Tensor::new(&[1f32, 0.5, 0.0], &Device::Cpu)?;
+        let l: Vec<f32> = soft_margin_hinge(&s3(), &labels, 0.2, 10.0)?.to_vec1()?;
+        let a1 = 0.2 * (10f32.sqrt() - 1.0) / 9.0;
+        close(&l, &[0.0, (a1 - 0.3 + 0.6) + (a1 - 0.3 + 0.5), 0.0]);
+        let m: Vec<f32> = soft_margin(&labels, 0.2, 10.0)?.to_vec1()?;
+        close(&m, &[0.2, a1, 0.0]);
+        Ok(())
+    }
+
+    #[test]
+    fn single_pair_batches_have_zero_loss() -> Result<()> {
+        let s = Tensor::new(&[[0.3f32]], &Device::Cpu)?;
+        assert_eq!(per_sample_hinge(&s, 0.2)?.to_vec1::<f32>()?, vec![0.0]);
+        let y = Tensor::new(&[1f32], &Device::Cpu)?;
+        assert_eq!(soft_margin_hinge(&s, &y, 0.2, 10.0)?.to_vec1::<f32>()?, vec![0.0]);
+        Ok(())
+    }
+}

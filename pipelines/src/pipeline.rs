@@ -1,0 +1,84 @@
+//! The contract between the engine and a method.
+//!
+//! The engine owns data, device, checkpoints and progress; a pipeline owns its
+//! method's networks, label state and math. `score` is the one function that
+//! turns a trained pipeline and a set of pairs into per-pair results: `fit`
+//! ends by calling it, and `ncclean score` calls it on new data.
+
+use candle_core::Result;
+use candle_nn::VarMap;
+use ncclean_models::PairInputs;
+use serde::{Deserialize, Serialize};
+
+/// Per-pair results of scoring, aligned with the scored pairs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PairScores {
+    /// P(pair is matched), from the method's division statistic.
+    pub clean_prob: Vec<f32>,
+    /// The method's rectified correspondence label in [0, 1].
+    pub soft_label: Vec<f32>,
+    /// Similarity S_ii of the pair under the trained model(s).
+    pub similarity: Vec<f32>,
+    /// The raw division statistic fed to the mixture model.
+    pub statistic: Vec<f32>,
+}
+
+/// What one epoch did, for logs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EpochStats {
+    /// 0-based epoch.
+    pub epoch: usize,
+    /// Phase name (e.g. "warmup", "train").
+    pub phase: String,
+    /// Mean training loss.
+    pub loss: f64,
+    /// Fraction of pairs the division called clean (None during warm-up).
+    pub clean_fraction: Option<f64>,
+    /// Pairs trained on.
+    pub pairs: usize,
+}
+
+/// Receives progress from long-running pipeline work (batches within an epoch,
+/// scoring passes). The engine turns it into bars or log lines.
+pub trait Observer {
+    /// A stage with `total` units starts.
+    fn start(&mut self, stage: &str, total: u64);
+    /// `n` units of the current stage are done.
+    fn advance(&mut self, n: u64);
+    /// The current stage is over.
+    fn finish(&mut self);
+}
+
+/// An observer that ignores everything.
+pub struct Silent;
+
+impl Observer for Silent {
+    fn start(&mut self, _stage: &str, _total: u64) {}
+    fn advance(&mut self, _n: u64) {}
+    fn finish(&mut self) {}
+}
+
+/// A noisy-correspondence method.
+pub trait Pipeline {
+    /// Method name as on the command line.
+    fn method(&self) -> &'static str;
+    /// Number of epochs `fit` runs (warm-up included).
+    fn total_epochs(&self) -> usize;
+    /// Train one epoch.
+    fn run_epoch(&mut self, epoch: usize, data: &PairInputs, obs: &mut dyn Observer) -> Result<EpochStats>;
+    /// After the last epoch: fit the division that `score` reuses.
+    fn finalize(&mut self, data: &PairInputs, obs: &mut dyn Observer) -> Result<()>;
+    /// Per-pair results. With `refit`, the division is refitted on `data`
+    /// instead of reusing the trained mixture.
+    fn score(&self, data: &PairInputs, refit: bool, obs: &mut dyn Observer) -> Result<PairScores>;
+    /// Named parameter sets (one per network) for checkpoints.
+    fn weights(&self) -> Vec<(String, &VarMap)>;
+    /// Mutable parameter sets, to load a checkpoint into.
+    fn weights_mut(&mut self) -> Vec<(String, &mut VarMap)>;
+    /// Method state (mixture parameters, counters) as JSON.
+    fn state(&self) -> serde_json::Value;
+    /// Per-pair label state (arrays aligned with the training pairs).
+    fn pair_state(&self) -> Vec<(String, Vec<f32>)>;
+    /// Restore what [`Pipeline::state`] and [`Pipeline::pair_state`] returned.
+    fn load_state(&mut self, state: &serde_json::Value, pairs: Vec<(String, Vec<f32>)>) -> Result<()>;
+}

@@ -1,0 +1,167 @@
+//! Checkpoints: safetensors weights plus one JSON state file.
+//!
+//! Layout of `RUN/checkpoint/`:
+//! - `state.json`: [`CheckpointState`] (config, model, vocabulary, input
+//!   layout, the pipeline's method state such as mixture parameters);
+//! - `<net>.safetensors`: one file per network;
+//! - `pairs.safetensors`: per-pair label state of the training pairs.
+//!
+//! The directory is written under a temporary name and renamed into place.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use candle_core::{Device, Tensor};
+use ncclean_models::vocab::Vocab;
+use ncclean_models::ModelConfig;
+use ncclean_pipelines::{Pipeline, TrainConfig};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::data::ColumnMap;
+use crate::error::{invalid, Result};
+
+/// Version of the checkpoint layout; bumped on incompatible changes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Everything besides weights that `score` needs to rebuild a trained engine.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckpointState {
+    /// Layout version.
+    pub format_version: u32,
+    /// ncclean version that wrote it.
+    pub ncclean_version: String,
+    /// Method name.
+    pub method: String,
+    /// Seed of the run.
+    pub seed: u64,
+    /// Resolved training configuration.
+    pub config: TrainConfig,
+    /// Model architecture.
+    pub model: ModelConfig,
+    /// Vocabulary of the demo text tower, if used.
+    pub vocab: Option<Vocab>,
+    /// Input columns the model was trained on (for messages on mismatch).
+    pub columns: ColumnMap,
+    /// Number of training pairs (per-pair state is aligned with them).
+    pub train_pairs: usize,
+    /// Pipeline method state.
+    pub pipeline: serde_json::Value,
+}
+
+/// Write a checkpoint for `pipeline` into `dir` (replacing it atomically).
+pub fn save(dir: &Path, state: &CheckpointState, pipeline: &dyn Pipeline) -> Result<()> {
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    let tmp = tmp_dir(dir);
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).with_context(|| format!("cannot remove {}", tmp.display()))?;
+    }
+    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    for (name, vm) in pipeline.weights() {
+        let p = tmp.join(format!("{name}.safetensors"));
+        vm.save(&p).with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    let mut pairs: HashMap<String, Tensor> = HashMap::new();
+    for (name, v) in pipeline.pair_state() {
+        let n = v.len();
+        let t = Tensor::from_vec(v, n, &Device::Cpu).context("per-pair state")?;
+        pairs.insert(name, t);
+    }
+    if !pairs.is_empty() {
+        let p = tmp.join("pairs.safetensors");
+        candle_core::safetensors::save(&pairs, &p).with_context(|| format!("cannot write {}", p.display()))?;
+    }
+    let json = serde_json::to_vec_pretty(state).context("serialising checkpoint state")?;
+    std::fs::write(tmp.join("state.json"), json).context("writing state.json")?;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("cannot replace {}", dir.display()))?;
+    }
+    std::fs::rename(&tmp, dir).with_context(|| format!("cannot move checkpoint into {}", dir.display()))?;
+    Ok(())
+}
+
+fn tmp_dir(dir: &Path) -> PathBuf {
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "checkpoint".into());
+    dir.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+/// Accept either a run directory or its `checkpoint/` directory.
+pub fn locate(path: &Path) -> Result<PathBuf> {
+    let candidates = [path.join("checkpoint"), path.to_path_buf()];
+    for c in candidates {
+        if c.join("state.json").is_file() {
+            return Ok(c);
+        }
+    }
+    Err(invalid(format!(
+        "{}: no checkpoint found (expected {}/checkpoint/state.json); pass the --out-dir of `ncclean fit`",
+        path.display(),
+        path.display()
+    )))
+}
+
+/// Read the state of the checkpoint in `dir`.
+pub fn read_state(dir: &Path) -> Result<CheckpointState> {
+    let p = dir.join("state.json");
+    let bytes = std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?;
+    let mut state: CheckpointState = serde_json::from_slice(&bytes)
+        .map_err(|e| invalid(format!("{}: not a valid ncclean checkpoint state: {e}", p.display())))?;
+    if state.format_version != FORMAT_VERSION {
+        return Err(invalid(format!(
+            "{}: checkpoint format {} is not supported by this ncclean (format {FORMAT_VERSION})",
+            p.display(),
+            state.format_version
+        )));
+    }
+    if let Some(v) = state.vocab.as_mut() {
+        v.reindex();
+    }
+    Ok(state)
+}
+
+/// Load weights and per-pair state from `dir` into a freshly built pipeline.
+pub fn load_into(dir: &Path, state: &CheckpointState, pipeline: &mut dyn Pipeline) -> Result<()> {
+    for (name, vm) in pipeline.weights_mut() {
+        let p = dir.join(format!("{name}.safetensors"));
+        vm.load(&p).map_err(|e| invalid(format!("{}: cannot load weights: {e}", p.display())))?;
+    }
+    let mut pairs = Vec::new();
+    let p = dir.join("pairs.safetensors");
+    if p.is_file() {
+        let tensors = candle_core::safetensors::load(&p, &Device::Cpu)
+            .map_err(|e| invalid(format!("{}: cannot load per-pair state: {e}", p.display())))?;
+        let mut names: Vec<_> = tensors.keys().cloned().collect();
+        names.sort();
+        for name in names {
+            let v: Vec<f32> = tensors[&name].to_vec1().context("per-pair state")?;
+            pairs.push((name, v));
+        }
+    }
+    pipeline
+        .load_state(&state.pipeline, pairs)
+        .map_err(|e| invalid(format!("{}: {e}", dir.display())))?;
+    Ok(())
+}
+
+/// sha256 over every file of the checkpoint, in name order.
+pub fn sha256(dir: &Path) -> Result<String> {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    names.sort();
+    let mut h = Sha256::new();
+    for p in names {
+        h.update(p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default().as_bytes());
+        h.update(std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?);
+    }
+    Ok(hex(&h.finalize()))
+}
+
+/// Lower-case hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

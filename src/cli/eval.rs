@@ -1,0 +1,192 @@
+//! `ncclean eval`: detection metrics of labels against ground truth.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use arrow_array::{Array, BooleanArray, Int32Array, Int64Array, LargeStringArray, StringArray, UInt64Array};
+use clap::Args;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ProjectionMask;
+use serde::Serialize;
+
+use crate::data::{self, LabelRow, RowStatus};
+use crate::error::{invalid, Result};
+use crate::metrics::{auroc, average_precision, precision_recall_f1};
+use crate::progress::Reporter;
+
+/// Arguments of `ncclean eval`.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// Labels parquet from `fit` or `score`.
+    #[arg(long, value_name = "FILE")]
+    pub labels: PathBuf,
+    /// Parquet file with the ground truth (e.g. the output of `ncclean corrupt`).
+    #[arg(long, value_name = "FILE")]
+    pub truth: PathBuf,
+    /// Boolean ground-truth column: true for a mismatched (noisy) pair.
+    #[arg(long, default_value = "noisy")]
+    pub truth_col: String,
+    /// Key column of the truth file (default: detected; else `<file stem>:<row>`).
+    #[arg(long, value_name = "NAME")]
+    pub truth_key_col: Option<String>,
+    /// Print one JSON object: auroc, ap, precision, recall, f1, n.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Detection metrics for the noisy class.
+#[derive(Debug, Clone, Serialize)]
+pub struct Detection {
+    /// AUROC of 1 − clean_prob for noisy pairs.
+    pub auroc: Option<f64>,
+    /// Average precision of 1 − clean_prob for noisy pairs.
+    pub ap: Option<f64>,
+    /// Precision of is_clean = false.
+    pub precision: f64,
+    /// Recall of is_clean = false.
+    pub recall: f64,
+    /// F1 of is_clean = false.
+    pub f1: f64,
+    /// Pairs evaluated (scored rows with ground truth).
+    pub n: usize,
+    /// Noisy pairs among them.
+    pub noisy: usize,
+    /// Label rows not evaluated because they were skipped.
+    pub skipped: usize,
+}
+
+const KEY_CANDIDATES: &[&str] = &["key", "uid", "SAMPLE_ID", "id", "image_id", "sample_id"];
+
+/// Read `(key, noisy)` from the truth file.
+fn read_truth(path: &Path, truth_col: &str, key_col: Option<&str>) -> Result<Vec<(String, bool)>> {
+    let file = File::open(path).map_err(|e| invalid(format!("cannot open truth file {}: {e}", path.display())))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| invalid(format!("{}: not a readable parquet file: {e}", path.display())))?;
+    let schema = builder.schema().clone();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    let find = |n: &str| names.iter().position(|c| *c == n);
+    let truth_idx = find(truth_col).ok_or_else(|| {
+        invalid(format!(
+            "{}: column {truth_col:?} not found; columns are: [{}]. Use --truth-col to name the boolean ground-truth column",
+            path.display(),
+            names.join(", ")
+        ))
+    })?;
+    let key_idx = match key_col {
+        Some(k) => Some(find(k).ok_or_else(|| {
+            invalid(format!("{}: key column {k:?} not found; columns are: [{}]", path.display(), names.join(", ")))
+        })?),
+        None => KEY_CANDIDATES.iter().find_map(|k| find(k)),
+    };
+    let mut cols = vec![truth_idx];
+    cols.extend(key_idx);
+    let mask = ProjectionMask::roots(builder.parquet_schema(), cols);
+    let reader = builder
+        .with_projection(mask)
+        .build()
+        .with_context(|| format!("reading {}", path.display()))?;
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.with_context(|| format!("reading {}", path.display()))?;
+        let truth = batch
+            .column_by_name(truth_col)
+            .and_then(|c| c.as_any().downcast_ref::<BooleanArray>())
+            .ok_or_else(|| invalid(format!("{}: column {truth_col:?} must be boolean", path.display())))?;
+        let keys: Option<Vec<String>> = match key_idx {
+            Some(k) => Some(key_strings(batch.column_by_name(names[k]).context("key column")?.as_ref()).ok_or_else(|| {
+                invalid(format!("{}: key column {:?} must be a string or integer", path.display(), names[k]))
+            })?),
+            None => None,
+        };
+        for i in 0..batch.num_rows() {
+            let key = match &keys {
+                Some(k) => k[i].clone(),
+                None => format!("{stem}:{}", out.len()),
+            };
+            if truth.is_null(i) {
+                return Err(invalid(format!("{}: {truth_col:?} is null in row {}", path.display(), out.len())));
+            }
+            out.push((key, truth.value(i)));
+        }
+    }
+    Ok(out)
+}
+
+fn key_strings(a: &dyn Array) -> Option<Vec<String>> {
+    let any = a.as_any();
+    let n = a.len();
+    let get = |f: &dyn Fn(usize) -> String| (0..n).map(|i| if a.is_null(i) { String::new() } else { f(i) }).collect();
+    if let Some(s) = any.downcast_ref::<StringArray>() {
+        Some(get(&|i| s.value(i).to_string()))
+    } else if let Some(s) = any.downcast_ref::<LargeStringArray>() {
+        Some(get(&|i| s.value(i).to_string()))
+    } else if let Some(s) = any.downcast_ref::<Int64Array>() {
+        Some(get(&|i| s.value(i).to_string()))
+    } else if let Some(s) = any.downcast_ref::<Int32Array>() {
+        Some(get(&|i| s.value(i).to_string()))
+    } else {
+        any.downcast_ref::<UInt64Array>().map(|s| get(&|i| s.value(i).to_string()))
+    }
+}
+
+/// Join labels with truth by key and compute the metrics.
+pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detection> {
+    let map: HashMap<&str, bool> = truth.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    if map.len() != truth.len() {
+        return Err(invalid("the truth file has duplicate keys; pass --truth-key-col with a unique column"));
+    }
+    let mut scores = Vec::new();
+    let mut is_noisy = Vec::new();
+    let mut predicted_noisy = Vec::new();
+    let mut skipped = 0;
+    let mut missing = 0;
+    for l in labels {
+        if l.status == RowStatus::Skipped {
+            skipped += 1;
+            continue;
+        }
+        let Some(&t) = map.get(l.key.as_str()) else {
+            missing += 1;
+            continue;
+        };
+        let p = l.clean_prob.unwrap_or(0.0) as f64;
+        scores.push(1.0 - p);
+        is_noisy.push(t);
+        predicted_noisy.push(!l.is_clean);
+    }
+    if missing > 0 {
+        return Err(invalid(format!(
+            "{missing} label rows have no matching key in the truth file; were the labels made from this data? (see --truth-key-col)"
+        )));
+    }
+    let prf = precision_recall_f1(&predicted_noisy, &is_noisy);
+    Ok(Detection {
+        auroc: auroc(&scores, &is_noisy),
+        ap: average_precision(&scores, &is_noisy),
+        precision: prf.precision,
+        recall: prf.recall,
+        f1: prf.f1,
+        n: scores.len(),
+        noisy: is_noisy.iter().filter(|&&t| t).count(),
+        skipped,
+    })
+}
+
+pub fn run(a: EvalArgs, _rep: &Reporter) -> Result<()> {
+    let (labels, _) = data::read_labels(&a.labels)?;
+    let truth = read_truth(&a.truth, &a.truth_col, a.truth_key_col.as_deref())?;
+    let d = detection(&labels, &truth)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&d).context("serialising metrics")?);
+    } else {
+        let f = |v: Option<f64>| v.map(|v| format!("{v:.4}")).unwrap_or_else(|| "n/a (one class only)".into());
+        println!("pairs evaluated: {} ({} noisy, {} skipped rows not evaluated)", d.n, d.noisy, d.skipped);
+        println!("AUROC (1 - clean_prob, noisy class): {}", f(d.auroc));
+        println!("average precision:                   {}", f(d.ap));
+        println!("is_clean = false  precision {:.4}  recall {:.4}  F1 {:.4}", d.precision, d.recall, d.f1);
+    }
+    Ok(())
+}

@@ -1,0 +1,104 @@
+//! `ncclean filter`: write the rows that labels call clean.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::data;
+use crate::engine::keep_mask_by;
+use crate::error::{Error, Result};
+use crate::progress::Reporter;
+
+use super::DataArgs;
+
+/// Arguments of `ncclean filter`.
+#[derive(Debug, Args)]
+pub struct FilterArgs {
+    #[command(flatten)]
+    pub data: DataArgs,
+    /// Labels parquet from `fit` or `score` on this data.
+    #[arg(long, value_name = "FILE")]
+    pub labels: PathBuf,
+    /// Output parquet: the kept rows, all original columns unchanged.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// Keep rows with clean_prob >= P instead of the labels' is_clean.
+    #[arg(long, value_name = "P", conflicts_with = "keep_fraction")]
+    pub min_prob: Option<f64>,
+    /// Keep this fraction of the usable rows, highest clean_prob first.
+    #[arg(long, value_name = "K")]
+    pub keep_fraction: Option<f64>,
+}
+
+/// The rule that decides which rows are kept.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rule {
+    /// The labels' own is_clean.
+    IsClean,
+    /// clean_prob at or above a value.
+    MinProb(f64),
+    /// clean_prob at or above the cut that keeps a fraction.
+    Cut(f64),
+}
+
+/// The clean-probability cut that keeps `fraction` of the scored rows
+/// (ties at the cut are all kept).
+pub fn fraction_cut(probs: &[f32], fraction: f64) -> f64 {
+    let mut p: Vec<f32> = probs.to_vec();
+    p.sort_by(|a, b| b.total_cmp(a));
+    let k = ((fraction * p.len() as f64).round() as usize).min(p.len());
+    if k == 0 {
+        f64::INFINITY
+    } else {
+        p[k - 1] as f64
+    }
+}
+
+pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
+    for (name, v) in [("--min-prob", a.min_prob), ("--keep-fraction", a.keep_fraction)] {
+        if let Some(v) = v {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(Error::Usage(format!("{name} must be between 0 and 1, got {v}")));
+            }
+        }
+    }
+    let input = a.data.open()?;
+    let (labels, _) = data::read_labels(&a.labels)?;
+    let rule = match (a.min_prob, a.keep_fraction) {
+        (Some(p), _) => Rule::MinProb(p),
+        (None, Some(k)) => {
+            let probs: Vec<f32> = labels.iter().filter_map(|l| l.clean_prob).collect();
+            Rule::Cut(fraction_cut(&probs, k))
+        }
+        (None, None) => Rule::IsClean,
+    };
+    let keep = keep_mask_by(&input, &labels, |l| match rule {
+        Rule::IsClean => l.is_clean,
+        Rule::MinProb(p) | Rule::Cut(p) => l.clean_prob.is_some_and(|c| c as f64 >= p),
+    })?;
+    let mut meta = BTreeMap::new();
+    meta.insert("ncclean.version".to_string(), env!("CARGO_PKG_VERSION").to_string());
+    meta.insert("ncclean.filter.labels".to_string(), a.labels.display().to_string());
+    meta.insert("ncclean.filter.rule".to_string(), format!("{rule:?}"));
+    let s = data::write_filtered(&input, &keep, &a.out, &meta)?;
+    rep.info(&format!("kept {} of {} rows ({rule:?})", s.rows_out, s.rows_in));
+    println!(
+        "{}",
+        serde_json::json!({ "out": a.out.display().to_string(), "rows_in": s.rows_in, "rows_out": s.rows_out })
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fraction_cut_keeps_the_top_fraction() {
+        let p = [0.9, 0.1, 0.5, 0.7];
+        assert_eq!(fraction_cut(&p, 0.5), 0.7f32 as f64);
+        assert_eq!(fraction_cut(&p, 1.0), 0.1f32 as f64);
+        assert!(fraction_cut(&p, 0.0).is_infinite());
+    }
+}

@@ -1,0 +1,120 @@
+//! `ncclean fit`: train, then label and filter the training data.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::engine::{self, FitOptions};
+use crate::error::{invalid, Error, Result};
+use crate::progress::Reporter;
+
+use super::DataArgs;
+
+/// Arguments of `ncclean fit`.
+#[derive(Debug, Args)]
+pub struct FitArgs {
+    #[command(flatten)]
+    pub data: DataArgs,
+    /// Method: vanilla (NCR-like reference pipeline).
+    #[arg(long, default_value = "vanilla", value_parser = clap::builder::PossibleValuesParser::new(ncclean_pipelines::METHODS))]
+    pub method: String,
+    /// Run directory: run.json, checkpoint/, labels.parquet, filtered.parquet, stats.json.
+    #[arg(long, value_name = "DIR")]
+    pub out_dir: PathBuf,
+    /// Seed for initialisation, batch order and shuffles (same seed, same result on CPU).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Total epochs, warm-up included (default: the method's preset).
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    /// Warm-up epochs (default: the method's preset).
+    #[arg(long)]
+    pub warmup_epochs: Option<usize>,
+    /// Pairs per batch (default: the method's preset).
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Learning rate (default: the method's preset).
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Clean-probability threshold for is_clean (default: 0.5, the method's own division).
+    #[arg(long)]
+    pub threshold: Option<f64>,
+    /// TOML file overriding the preset (a [<method>] table or top-level keys); flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Device: cpu, cuda or cuda:N (CUDA needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+/// Flags that override the configuration, as a partial TOML table.
+fn overrides(a: &FitArgs) -> toml::Table {
+    let mut t = toml::Table::new();
+    let mut int = |k: &str, v: Option<usize>| {
+        if let Some(v) = v {
+            t.insert(k.into(), toml::Value::Integer(v as i64));
+        }
+    };
+    int("epochs", a.epochs);
+    int("warmup_epochs", a.warmup_epochs);
+    int("batch_size", a.batch_size);
+    if let Some(lr) = a.lr {
+        t.insert("lr".into(), toml::Value::Float(lr));
+    }
+    if let Some(th) = a.threshold {
+        t.insert("threshold".into(), toml::Value::Float(th));
+    }
+    t
+}
+
+pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
+    let device = crate::device::open(&a.device)?;
+    let user = match &a.config {
+        Some(p) => Some(
+            std::fs::read_to_string(p).map_err(|e| invalid(format!("cannot read config file {}: {e}", p.display())))?,
+        ),
+        None => None,
+    };
+    let config = ncclean_pipelines::config::resolve(&a.method, user.as_deref(), &overrides(&a)).map_err(|e| {
+        match &a.config {
+            Some(p) => invalid(format!("{}: {e}", p.display())),
+            None => Error::Usage(e),
+        }
+    })?;
+    if config.batch_size < 2 {
+        return Err(Error::Usage("batch_size must be at least 2 (in-batch negatives)".into()));
+    }
+    if !(0.0..=1.0).contains(&config.threshold) {
+        return Err(Error::Usage(format!("threshold must be in [0, 1], got {}", config.threshold)));
+    }
+    let input = a.data.open()?;
+    std::fs::create_dir_all(&a.out_dir).with_context(|| format!("cannot create {}", a.out_dir.display()))?;
+    let opts = FitOptions {
+        method: a.method.clone(),
+        config,
+        seed: a.seed,
+        out_dir: a.out_dir.clone(),
+    };
+    let s = engine::fit(&input, &opts, &device, rep)?;
+    rep.info(&format!(
+        "{} rows: {} usable ({} skipped), {} clean, estimated noise {:.1}%; trained in {:.1}s, scored {:.0} pairs/s",
+        s.rows,
+        s.pairs,
+        s.skipped,
+        s.clean,
+        100.0 * s.estimated_noise_rate,
+        s.train_seconds,
+        s.score_pairs_per_second
+    ));
+    println!(
+        "{}",
+        serde_json::json!({
+            "out_dir": a.out_dir.display().to_string(),
+            "rows": s.rows, "usable": s.pairs, "skipped": s.skipped, "clean": s.clean,
+            "estimated_noise_rate": s.estimated_noise_rate,
+            "train_seconds": s.train_seconds, "score_pairs_per_second": s.score_pairs_per_second,
+        })
+    );
+    Ok(())
+}

@@ -1,0 +1,115 @@
+//! `ncclean inspect`: what ncclean sees in the data, before any work.
+
+use std::collections::BTreeMap;
+
+use clap::Args;
+
+use crate::error::Result;
+use crate::progress::Reporter;
+
+use super::DataArgs;
+
+/// Arguments of `ncclean inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub data: DataArgs,
+    /// Skip decoding images (faster; only reports missing values and bad embeddings).
+    #[arg(long)]
+    pub no_decode: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
+    let input = a.data.open()?;
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    let mut unusable = 0usize;
+    let mut examples: Vec<(String, String)> = Vec::new();
+    let mut note = |key: &str, why: &str| {
+        unusable += 1;
+        // Group reasons by their first clause so counts stay readable.
+        let group = why.split(':').next().unwrap_or(why).trim().to_string();
+        *reasons.entry(group).or_default() += 1;
+        if examples.len() < 5 {
+            examples.push((key.to_string(), why.to_string()));
+        }
+    };
+    if a.no_decode {
+        for batch in input.pairs(crate::engine::READ_BATCH_ROWS) {
+            for r in batch? {
+                if let Some(p) = &r.problem {
+                    note(&r.key, p);
+                }
+            }
+        }
+    } else {
+        for r in crate::engine::scan(&input, rep)? {
+            if let Some(e) = &r.error {
+                note(&r.key, e);
+            }
+        }
+    }
+    let files: Vec<serde_json::Value> = input
+        .files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| serde_json::json!({ "path": input.display_name(i), "rows": f.num_rows }))
+        .collect();
+    let schema: Vec<String> = input.files[0]
+        .schema
+        .fields()
+        .iter()
+        .map(|f| format!("{}: {}", f.name(), f.data_type()))
+        .collect();
+    let total = input.num_rows();
+    if a.json {
+        let v = serde_json::json!({
+            "files": files,
+            "schema": schema,
+            "columns": input.columns,
+            "embedding_dim": input.embedding_dim,
+            "rows": total,
+            "usable": total - unusable,
+            "unusable": unusable,
+            "unusable_reasons": reasons,
+            "images_decoded": !a.no_decode,
+        });
+        println!("{v}");
+        return Ok(());
+    }
+    println!("files:");
+    for (i, f) in input.files.iter().enumerate() {
+        println!("  {} ({} rows)", input.display_name(i), f.num_rows);
+    }
+    println!("schema:");
+    for s in &schema {
+        println!("  {s}");
+    }
+    let c = &input.columns;
+    println!("columns:");
+    println!("  image:   {} ({:?})", c.image, c.image_kind);
+    println!("  caption: {}", c.caption);
+    println!(
+        "  key:     {}",
+        c.key.clone().unwrap_or_else(|| "(none: keys are <file stem>:<row>)".into())
+    );
+    if let Some(d) = input.embedding_dim {
+        println!("  embedding length: {d}");
+    }
+    println!("rows: {total}, usable: {}, unusable: {unusable}", total - unusable);
+    for (why, n) in &reasons {
+        println!("  {n:>8}  {why}");
+    }
+    if !examples.is_empty() {
+        println!("examples:");
+        for (k, why) in &examples {
+            println!("  {k}: {why}");
+        }
+    }
+    if a.no_decode {
+        println!("(images were not decoded: run without --no-decode to find undecodable images)");
+    }
+    Ok(())
+}

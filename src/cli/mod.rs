@@ -1,0 +1,114 @@
+//! The command line: one module per subcommand, each a thin layer over the
+//! library.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::data::{ColumnOptions, Preset};
+use crate::error::Result;
+use crate::progress::{LogFormat, Reporter};
+
+mod corrupt;
+mod demo;
+mod eval;
+mod filter;
+mod fit;
+mod inspect;
+mod score;
+
+/// Find and clean mismatched image–caption pairs.
+///
+/// ncclean trains a noise-robust image–text matching model on your own
+/// parquet shards, then writes for every pair a clean probability and a soft
+/// correspondence label, and a filtered dataset.
+///
+/// Quick start:
+///   ncclean demo --out demo
+///   ncclean corrupt demo/demo.parquet --rate 0.3 --seed 1 --out demo/noisy.parquet
+///   ncclean fit demo/noisy.parquet --out-dir demo/run
+///   ncclean eval --labels demo/run/labels.parquet --truth demo/noisy.parquet
+#[derive(Debug, Parser)]
+#[command(name = "ncclean", version, about, long_about, verbatim_doc_comment)]
+pub struct Cli {
+    /// Log format on stderr: text (bars on a terminal, lines otherwise) or
+    /// json (one object per line). stdout only carries the final summary.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Write a synthetic image–caption dataset (drawn shapes and captions that describe them).
+    Demo(demo::DemoArgs),
+    /// Inject synthetic noise: permute the images of a fraction of the pairs, add a `noisy` column.
+    Corrupt(corrupt::CorruptArgs),
+    /// Show the schema, the detected columns, row counts and unusable rows.
+    Inspect(inspect::InspectArgs),
+    /// Train a noise-robust matcher and write labels, a filtered dataset and a checkpoint.
+    Fit(fit::FitArgs),
+    /// Score pairs with a trained checkpoint (the same code path as fit's final scoring).
+    Score(score::ScoreArgs),
+    /// Keep the rows that labels call clean (or above a probability, or a top fraction).
+    Filter(filter::FilterArgs),
+    /// Detection metrics of labels against ground truth (AUROC, AP, precision/recall/F1).
+    Eval(eval::EvalArgs),
+}
+
+/// Input files and how to find their columns.
+#[derive(Debug, Clone, Args)]
+pub struct DataArgs {
+    /// Parquet files, directories of them, or globs (`shards/*.parquet`).
+    #[arg(required = true, value_name = "DATA")]
+    pub data: Vec<PathBuf>,
+    /// Image column: bytes, a {bytes, path} struct, a path string or a list<float> embedding.
+    #[arg(long, value_name = "NAME")]
+    pub image_col: Option<String>,
+    /// Caption column (a string).
+    #[arg(long, value_name = "NAME")]
+    pub caption_col: Option<String>,
+    /// Key column carried through to the labels (default: detected, else `<file stem>:<row>`).
+    #[arg(long, value_name = "NAME")]
+    pub key_col: Option<String>,
+    /// Column-name preset for common layouts.
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
+    /// Directory that relative image paths are resolved against (default: next to each parquet file).
+    #[arg(long, value_name = "DIR")]
+    pub image_root: Option<PathBuf>,
+}
+
+impl DataArgs {
+    /// The column options these flags describe.
+    pub fn column_options(&self) -> ColumnOptions {
+        ColumnOptions {
+            image_col: self.image_col.clone(),
+            caption_col: self.caption_col.clone(),
+            key_col: self.key_col.clone(),
+            preset: self.preset,
+            image_root: self.image_root.clone(),
+        }
+    }
+
+    /// Open and validate the inputs.
+    pub fn open(&self) -> Result<crate::data::InputSet> {
+        crate::data::InputSet::open(&self.data, &self.column_options())
+    }
+}
+
+/// Parse the command line and run it; the error carries the exit code.
+pub fn run(cli: Cli) -> Result<()> {
+    let rep = Reporter::new(cli.log_format);
+    match cli.command {
+        Command::Demo(a) => demo::run(a, &rep),
+        Command::Corrupt(a) => corrupt::run(a, &rep),
+        Command::Inspect(a) => inspect::run(a, &rep),
+        Command::Fit(a) => fit::run(a, &rep),
+        Command::Score(a) => score::run(a, &rep),
+        Command::Filter(a) => filter::run(a, &rep),
+        Command::Eval(a) => eval::run(a, &rep),
+    }
+}

@@ -1,0 +1,466 @@
+//! Which columns hold the image, the caption and the key.
+//!
+//! Order of authority: explicit flags, then the preset's names, then
+//! detection by name and type. Detection walks fixed candidate lists in order
+//! and takes the first usable column, so the same schema always resolves the
+//! same way.
+
+use std::path::Path;
+
+use arrow_schema::{DataType, Field, Schema};
+
+use super::{ColumnMap, ColumnOptions, ImageKind, Preset};
+use crate::error::{invalid, Result};
+
+/// Encoded-image column names, in order of preference.
+const IMAGE_BYTES_NAMES: &[&str] = &["image", "jpg", "jpeg", "png", "img", "image_bytes", "bytes"];
+/// Image-path column names, in order of preference.
+const IMAGE_PATH_NAMES: &[&str] = &["image_path", "path", "file_name", "filepath", "image_file"];
+/// Image-embedding column names, in order of preference.
+const IMAGE_EMBEDDING_NAMES: &[&str] = &[
+    "image_embedding",
+    "img_emb",
+    "clip_image_embedding",
+    "embedding",
+    "image_features",
+];
+/// Caption column names, matched case-insensitively.
+const CAPTION_NAMES: &[&str] = &["caption", "text", "txt", "sentence", "prompt"];
+/// Key column names.
+const KEY_NAMES: &[&str] = &["key", "uid", "SAMPLE_ID", "id", "image_id", "sample_id"];
+/// Columns that describe the image rather than the pair; `corrupt` moves them
+/// with the image so the noisy file stays self-consistent.
+const IMAGE_COMPANION_NAMES: &[&str] = &[
+    "url",
+    "width",
+    "height",
+    "original_width",
+    "original_height",
+    "sha256",
+];
+
+const IMAGE_EXPECTED: &str =
+    "binary image bytes, a {bytes, path} struct, a path string or a list<float> embedding";
+const CAPTION_EXPECTED: &str = "a string caption";
+const KEY_EXPECTED: &str = "a string or integer key";
+
+/// The three roles a column can play; carries the wording of messages.
+#[derive(Clone, Copy)]
+enum Role {
+    Image,
+    Caption,
+    Key,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::Image => "image",
+            Role::Caption => "caption",
+            Role::Key => "key",
+        }
+    }
+    fn flag(self) -> &'static str {
+        match self {
+            Role::Image => "--image-col",
+            Role::Caption => "--caption-col",
+            Role::Key => "--key-col",
+        }
+    }
+    fn expected(self) -> &'static str {
+        match self {
+            Role::Image => IMAGE_EXPECTED,
+            Role::Caption => CAPTION_EXPECTED,
+            Role::Key => KEY_EXPECTED,
+        }
+    }
+    fn accepts(self, dt: &DataType) -> bool {
+        match self {
+            Role::Image => image_kind(dt).is_some(),
+            Role::Caption => is_string(dt),
+            Role::Key => is_string(dt) || is_integer(dt),
+        }
+    }
+}
+
+/// Column names a preset looks for, per role, in order.
+struct PresetNames {
+    image: &'static [&'static str],
+    caption: &'static [&'static str],
+    key: &'static [&'static str],
+}
+
+fn preset_names(preset: Preset) -> PresetNames {
+    match preset {
+        Preset::Laion => PresetNames {
+            image: &["jpg", "image_embedding"],
+            caption: &["TEXT"],
+            key: &["SAMPLE_ID"],
+        },
+        Preset::Datacomp => PresetNames {
+            image: &["jpg", "image", "image_embedding"],
+            caption: &["text"],
+            key: &["uid"],
+        },
+        Preset::Img2dataset => PresetNames {
+            image: &["jpg"],
+            caption: &["caption"],
+            key: &["key"],
+        },
+        Preset::Hf => PresetNames {
+            image: &["image"],
+            caption: &["text", "caption"],
+            key: &["id"],
+        },
+    }
+}
+
+/// How a column of this type stores an image, if it can.
+pub(crate) fn image_kind(dt: &DataType) -> Option<ImageKind> {
+    if is_binary(dt) {
+        Some(ImageKind::Bytes)
+    } else if is_bytes_struct(dt) {
+        Some(ImageKind::BytesPathStruct)
+    } else if is_string(dt) {
+        Some(ImageKind::Path)
+    } else if is_float_list(dt) {
+        Some(ImageKind::Embedding)
+    } else {
+        None
+    }
+}
+
+pub(crate) fn is_string(dt: &DataType) -> bool {
+    match dt {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => true,
+        DataType::Dictionary(_, v) => is_string(v),
+        _ => false,
+    }
+}
+
+pub(crate) fn is_binary(dt: &DataType) -> bool {
+    match dt {
+        DataType::Binary | DataType::LargeBinary | DataType::BinaryView => true,
+        DataType::Dictionary(_, v) => is_binary(v),
+        _ => false,
+    }
+}
+
+fn is_integer(dt: &DataType) -> bool {
+    dt.is_integer()
+}
+
+fn is_float(dt: &DataType) -> bool {
+    matches!(dt, DataType::Float32 | DataType::Float64)
+}
+
+fn is_float_list(dt: &DataType) -> bool {
+    match dt {
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+            is_float(f.data_type())
+        }
+        _ => false,
+    }
+}
+
+/// A Hugging Face `Image` feature: a struct whose `bytes` child is binary.
+fn is_bytes_struct(dt: &DataType) -> bool {
+    match dt {
+        DataType::Struct(fields) => fields
+            .iter()
+            .any(|f| f.name() == "bytes" && is_binary(f.data_type())),
+        _ => false,
+    }
+}
+
+/// The column named `name`: an exact match first, else the first
+/// case-insensitive match in schema order (so `TEXT` finds `text`).
+fn find<'a>(schema: &'a Schema, name: &str) -> Option<&'a Field> {
+    let fields = schema.fields();
+    fields
+        .iter()
+        .find(|f| f.name() == name)
+        .or_else(|| fields.iter().find(|f| f.name().eq_ignore_ascii_case(name)))
+        .map(|f| f.as_ref())
+}
+
+fn column_list(schema: &Schema) -> String {
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    format!("[{}]", names.join(", "))
+}
+
+fn not_found(file: &Path, schema: &Schema, name: &str, role: Role) -> crate::Error {
+    invalid(format!(
+        "{}: column \"{name}\" not found; columns are: {}. Use {} to name the {} column.",
+        file.display(),
+        column_list(schema),
+        role.flag(),
+        role.name()
+    ))
+}
+
+fn wrong_type(file: &Path, field: &Field, role: Role) -> crate::Error {
+    invalid(format!(
+        "{}: column \"{}\" has type {}, expected {}. Use {} to name the {} column.",
+        file.display(),
+        field.name(),
+        field.data_type(),
+        role.expected(),
+        role.flag(),
+        role.name()
+    ))
+}
+
+/// An explicitly named column: must exist under exactly that name and have a
+/// type the role accepts.
+fn explicit<'a>(file: &Path, schema: &'a Schema, name: &str, role: Role) -> Result<&'a Field> {
+    let field = schema
+        .fields()
+        .iter()
+        .find(|f| f.name() == name)
+        .ok_or_else(|| not_found(file, schema, name, role))?;
+    if !role.accepts(field.data_type()) {
+        return Err(wrong_type(file, field, role));
+    }
+    Ok(field)
+}
+
+/// The first of a preset's names that exists; it must have a usable type.
+fn from_preset<'a>(
+    file: &Path,
+    schema: &'a Schema,
+    preset: Preset,
+    names: &[&str],
+    role: Role,
+) -> Result<&'a Field> {
+    let field = names
+        .iter()
+        .find_map(|n| find(schema, n))
+        .ok_or_else(|| {
+            invalid(format!(
+                "{}: preset {} expects a {} column named {}; columns are: {}. Use {} to name the {} column.",
+                file.display(),
+                preset_label(preset),
+                role.name(),
+                names.join(" or "),
+                column_list(schema),
+                role.flag(),
+                role.name()
+            ))
+        })?;
+    if !role.accepts(field.data_type()) {
+        return Err(wrong_type(file, field, role));
+    }
+    Ok(field)
+}
+
+fn preset_label(preset: Preset) -> &'static str {
+    match preset {
+        Preset::Laion => "laion",
+        Preset::Datacomp => "datacomp",
+        Preset::Img2dataset => "img2dataset",
+        Preset::Hf => "hf",
+    }
+}
+
+/// The first candidate name present whose type passes `ok`.
+fn detect<'a>(
+    schema: &'a Schema,
+    names: &[&str],
+    ok: impl Fn(&DataType) -> bool,
+) -> Option<&'a Field> {
+    names
+        .iter()
+        .filter_map(|n| find(schema, n))
+        .find(|f| ok(f.data_type()))
+}
+
+/// Raw pixels beat embeddings: an embedding ties the run to whatever model
+/// produced it, so it is only chosen when no image is stored.
+fn detect_image(schema: &Schema) -> Option<&Field> {
+    detect(schema, IMAGE_BYTES_NAMES, |dt| {
+        is_binary(dt) || is_bytes_struct(dt)
+    })
+    .or_else(|| {
+        schema
+            .fields()
+            .iter()
+            .find(|f| is_bytes_struct(f.data_type()))
+            .map(|f| f.as_ref())
+    })
+    .or_else(|| detect(schema, IMAGE_PATH_NAMES, is_string))
+    .or_else(|| detect(schema, IMAGE_EMBEDDING_NAMES, is_float_list))
+}
+
+fn detect_caption(schema: &Schema) -> Option<&Field> {
+    detect(schema, CAPTION_NAMES, is_string)
+}
+
+fn detect_key(schema: &Schema) -> Option<&Field> {
+    detect(schema, KEY_NAMES, |dt| Role::Key.accepts(dt))
+}
+
+fn none_found(file: &Path, schema: &Schema, role: Role, looked_for: &str) -> crate::Error {
+    invalid(format!(
+        "{}: no {} column found (looked for {looked_for}); columns are: {}. Use {} to name the {} column.",
+        file.display(),
+        role.name(),
+        column_list(schema),
+        role.flag(),
+        role.name()
+    ))
+}
+
+/// Resolve the column map of one file's schema; `file` only names the file
+/// in messages.
+pub fn resolve_columns(file: &Path, schema: &Schema, opts: &ColumnOptions) -> Result<ColumnMap> {
+    let preset = opts.preset.map(|p| (p, preset_names(p)));
+
+    let image = match (&opts.image_col, &preset) {
+        (Some(name), _) => explicit(file, schema, name, Role::Image)?,
+        (None, Some((p, names))) => from_preset(file, schema, *p, names.image, Role::Image)?,
+        (None, None) => detect_image(schema).ok_or_else(|| {
+            none_found(
+                file,
+                schema,
+                Role::Image,
+                &format!(
+                    "binary columns {}, a {{bytes, path}} struct, path columns {}, embedding columns {}",
+                    IMAGE_BYTES_NAMES.join("/"),
+                    IMAGE_PATH_NAMES.join("/"),
+                    IMAGE_EMBEDDING_NAMES.join("/")
+                ),
+            )
+        })?,
+    };
+    let caption = match (&opts.caption_col, &preset) {
+        (Some(name), _) => explicit(file, schema, name, Role::Caption)?,
+        (None, Some((p, names))) => from_preset(file, schema, *p, names.caption, Role::Caption)?,
+        (None, None) => detect_caption(schema).ok_or_else(|| {
+            none_found(
+                file,
+                schema,
+                Role::Caption,
+                &format!("string columns {}", CAPTION_NAMES.join("/")),
+            )
+        })?,
+    };
+    // A key is optional: a preset's key name that is absent falls back to
+    // detection and then to `<file stem>:<row>` instead of failing.
+    let key = match (&opts.key_col, &preset) {
+        (Some(name), _) => Some(explicit(file, schema, name, Role::Key)?),
+        (None, Some((_, names))) => match names.key.iter().find_map(|n| find(schema, n)) {
+            Some(f) if Role::Key.accepts(f.data_type()) => Some(f),
+            Some(f) => return Err(wrong_type(file, f, Role::Key)),
+            None => detect_key(schema),
+        },
+        (None, None) => detect_key(schema),
+    };
+
+    if image.name() == caption.name() {
+        return Err(invalid(format!(
+            "{}: column \"{}\" cannot be both the image and the caption. Use --image-col and --caption-col to name them.",
+            file.display(),
+            image.name()
+        )));
+    }
+    let image_kind =
+        image_kind(image.data_type()).ok_or_else(|| wrong_type(file, image, Role::Image))?;
+    Ok(ColumnMap {
+        image: image.name().clone(),
+        image_kind,
+        caption: caption.name().clone(),
+        key: key.map(|f| f.name().clone()),
+    })
+}
+
+/// Check that another file of the set has the columns `map` resolved on the
+/// first file, with compatible types. The first file's map is authoritative
+/// so that one extra column in a later shard cannot change detection.
+pub(crate) fn check_same_columns(
+    file: &Path,
+    schema: &Schema,
+    map: &ColumnMap,
+    first: &Path,
+) -> Result<()> {
+    let mismatch = |what: String| {
+        invalid(format!(
+            "{}: {what}; all input files must share the columns of {} (image \"{}\", caption \"{}\"{}).",
+            file.display(),
+            first.display(),
+            map.image,
+            map.caption,
+            map.key
+                .as_ref()
+                .map(|k| format!(", key \"{k}\""))
+                .unwrap_or_default()
+        ))
+    };
+    let lookup = |name: &str| {
+        schema
+            .fields()
+            .iter()
+            .find(|f| f.name() == name)
+            .ok_or_else(|| {
+                mismatch(format!(
+                    "column \"{name}\" not found; columns are: {}",
+                    column_list(schema)
+                ))
+            })
+    };
+    let image = lookup(&map.image)?;
+    if image_kind(image.data_type()) != Some(map.image_kind) {
+        return Err(mismatch(format!(
+            "column \"{}\" has type {}, unlike the first file",
+            image.name(),
+            image.data_type()
+        )));
+    }
+    let caption = lookup(&map.caption)?;
+    if !is_string(caption.data_type()) {
+        return Err(mismatch(format!(
+            "column \"{}\" has type {}, expected {CAPTION_EXPECTED}",
+            caption.name(),
+            caption.data_type()
+        )));
+    }
+    if let Some(k) = &map.key {
+        let key = lookup(k)?;
+        if !Role::Key.accepts(key.data_type()) {
+            return Err(mismatch(format!(
+                "column \"{}\" has type {}, expected {KEY_EXPECTED}",
+                key.name(),
+                key.data_type()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Every column of `schema` that belongs to the image rather than to the
+/// pair: the mapped image column, other columns detection would accept as an
+/// image (so noise reaches whichever image column a later run picks), and
+/// known per-image metadata such as `url`, `width`, `sha256`. Schema order.
+pub fn image_columns(schema: &Schema, map: &ColumnMap) -> Vec<String> {
+    let is_image_like = |f: &Field| {
+        let dt = f.data_type();
+        let lower = f.name().to_ascii_lowercase();
+        let named = |names: &[&str]| names.iter().any(|n| n.eq_ignore_ascii_case(&lower));
+        f.name() == &map.image
+            || is_bytes_struct(dt)
+            || (named(IMAGE_BYTES_NAMES) && is_binary(dt))
+            || (named(IMAGE_PATH_NAMES) && is_string(dt))
+            || (named(IMAGE_EMBEDDING_NAMES) && is_float_list(dt))
+            || named(IMAGE_COMPANION_NAMES)
+    };
+    schema
+        .fields()
+        .iter()
+        .filter(|f| f.name() != &map.caption && Some(f.name()) != map.key.as_ref())
+        .filter(|f| is_image_like(f))
+        .map(|f| f.name().clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,175 @@
+use std::sync::Arc;
+
+use super::*;
+
+fn schema(fields: Vec<(&str, DataType)>) -> Schema {
+    Schema::new(
+        fields
+            .into_iter()
+            .map(|(n, t)| Field::new(n, t, true))
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn float_list() -> DataType {
+    DataType::List(Arc::new(Field::new("item", DataType::Float32, true)))
+}
+
+fn hf_image() -> DataType {
+    DataType::Struct(
+        vec![
+            Field::new("bytes", DataType::Binary, true),
+            Field::new("path", DataType::Utf8, true),
+        ]
+        .into(),
+    )
+}
+
+fn resolve(s: &Schema, opts: &ColumnOptions) -> Result<ColumnMap> {
+    resolve_columns(Path::new("data/x.parquet"), s, opts)
+}
+
+#[test]
+fn detects_each_image_kind() {
+    let cases = [
+        ("jpg", DataType::Binary, ImageKind::Bytes),
+        ("image", hf_image(), ImageKind::BytesPathStruct),
+        ("image_path", DataType::Utf8, ImageKind::Path),
+        ("img_emb", float_list(), ImageKind::Embedding),
+    ];
+    for (name, dt, kind) in cases {
+        let s = schema(vec![("caption", DataType::Utf8), (name, dt)]);
+        let m = resolve(&s, &ColumnOptions::default()).unwrap();
+        assert_eq!((m.image.as_str(), m.image_kind), (name, kind));
+        assert_eq!(m.caption, "caption");
+        assert_eq!(m.key, None);
+    }
+}
+
+#[test]
+fn detection_is_ordered_and_case_insensitive() {
+    let s = schema(vec![
+        ("image_embedding", float_list()),
+        ("png", DataType::Binary),
+        ("jpg", DataType::Binary),
+        ("TEXT", DataType::Utf8),
+        ("id", DataType::Int64),
+        ("uid", DataType::Utf8),
+    ]);
+    let m = resolve(&s, &ColumnOptions::default()).unwrap();
+    assert_eq!(m.image, "jpg");
+    assert_eq!(m.caption, "TEXT");
+    assert_eq!(m.key.as_deref(), Some("uid"));
+}
+
+#[test]
+fn presets_pick_their_names() {
+    let s = schema(vec![
+        ("jpg", DataType::Binary),
+        ("caption", DataType::Utf8),
+        ("TEXT", DataType::Utf8),
+        ("SAMPLE_ID", DataType::Int64),
+        ("key", DataType::Utf8),
+    ]);
+    let laion = ColumnOptions {
+        preset: Some(Preset::Laion),
+        ..Default::default()
+    };
+    let m = resolve(&s, &laion).unwrap();
+    assert_eq!(
+        (m.caption.as_str(), m.key.as_deref()),
+        ("TEXT", Some("SAMPLE_ID"))
+    );
+    let i2d = ColumnOptions {
+        preset: Some(Preset::Img2dataset),
+        ..Default::default()
+    };
+    let m = resolve(&s, &i2d).unwrap();
+    assert_eq!(
+        (m.caption.as_str(), m.key.as_deref()),
+        ("caption", Some("key"))
+    );
+
+    let hf = ColumnOptions {
+        preset: Some(Preset::Hf),
+        ..Default::default()
+    };
+    let h = schema(vec![("image", hf_image()), ("text", DataType::Utf8)]);
+    let m = resolve(&h, &hf).unwrap();
+    assert_eq!(m.image_kind, ImageKind::BytesPathStruct);
+    assert_eq!(m.key, None);
+    let e = resolve(&s, &hf).unwrap_err();
+    assert_eq!(e.exit_code(), 3);
+    assert!(e.to_string().contains("preset hf"), "{e}");
+}
+
+#[test]
+fn explicit_flags_win() {
+    let s = schema(vec![
+        ("jpg", DataType::Binary),
+        ("other_img", DataType::LargeBinary),
+        ("caption", DataType::Utf8),
+        ("alt", DataType::LargeUtf8),
+        ("row", DataType::UInt32),
+    ]);
+    let opts = ColumnOptions {
+        image_col: Some("other_img".into()),
+        caption_col: Some("alt".into()),
+        key_col: Some("row".into()),
+        preset: Some(Preset::Img2dataset),
+        image_root: None,
+    };
+    let m = resolve(&s, &opts).unwrap();
+    assert_eq!(m.image, "other_img");
+    assert_eq!(m.caption, "alt");
+    assert_eq!(m.key.as_deref(), Some("row"));
+}
+
+#[test]
+fn missing_and_mistyped_columns_are_invalid_input() {
+    let s = schema(vec![("a", DataType::Binary), ("b", DataType::Utf8)]);
+    let opts = ColumnOptions {
+        caption_col: Some("caption".into()),
+        image_col: Some("a".into()),
+        ..Default::default()
+    };
+    let e = resolve(&s, &opts).unwrap_err();
+    assert_eq!(e.exit_code(), 3);
+    assert_eq!(
+        e.to_string(),
+        "data/x.parquet: column \"caption\" not found; columns are: [a, b]. \
+         Use --caption-col to name the caption column."
+    );
+
+    let s = schema(vec![("jpg", DataType::Int64), ("caption", DataType::Utf8)]);
+    let opts = ColumnOptions {
+        image_col: Some("jpg".into()),
+        ..Default::default()
+    };
+    let e = resolve(&s, &opts).unwrap_err();
+    assert_eq!(e.exit_code(), 3);
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("data/x.parquet: column \"jpg\" has type Int64"),
+        "{msg}"
+    );
+    assert!(msg.contains(IMAGE_EXPECTED), "{msg}");
+
+    let e = resolve(&s, &ColumnOptions::default()).unwrap_err();
+    assert_eq!(e.exit_code(), 3);
+    assert!(e.to_string().contains("no image column found"), "{e}");
+}
+
+#[test]
+fn image_columns_include_companions_not_caption_or_key() {
+    let s = schema(vec![
+        ("key", DataType::Utf8),
+        ("jpg", DataType::Binary),
+        ("caption", DataType::Utf8),
+        ("url", DataType::Utf8),
+        ("image_embedding", float_list()),
+        ("score", DataType::Float32),
+    ]);
+    let m = resolve(&s, &ColumnOptions::default()).unwrap();
+    assert_eq!(image_columns(&s, &m), vec!["jpg", "url", "image_embedding"]);
+}

@@ -1,0 +1,152 @@
+//! Parquet in and out: finding the image, caption and key columns of a user's
+//! shards, streaming image–caption pairs, and writing labels and filtered
+//! datasets atomically.
+//!
+//! Nothing here knows about models: images leave this module as raw bytes,
+//! paths or precomputed embeddings, and decoding them is the encoders' job.
+
+mod columns;
+mod filter;
+mod input;
+mod labels;
+mod rows;
+mod write;
+
+#[cfg(test)]
+pub(crate) mod testutil;
+
+use std::path::PathBuf;
+
+pub use columns::{image_columns, resolve_columns};
+pub(crate) use filter::check_same_schema;
+pub use filter::{write_filtered, FilterSummary};
+pub use labels::{read_labels, write_labels, LabelRow, RowStatus};
+pub use write::{write_atomic, AtomicParquetWriter};
+
+/// Column-layout presets for common dataset formats.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Preset {
+    /// LAION shards: `TEXT`, `SAMPLE_ID`, image bytes in `jpg` or an
+    /// `image_embedding`.
+    Laion,
+    /// DataComp shards: `text`, `uid`, image in `jpg`/`image` or an
+    /// `image_embedding`.
+    Datacomp,
+    /// img2dataset output: `caption`, `key`, `jpg`.
+    Img2dataset,
+    /// Hugging Face `datasets` export: an `image` struct `{bytes, path}`,
+    /// `text` or `caption`, optional `id`.
+    Hf,
+}
+
+/// What the user said about columns (CLI flags `--image-col`,
+/// `--caption-col`, `--key-col`, `--preset`, `--image-root`).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct ColumnOptions {
+    /// Explicit image column; wins over preset and detection.
+    pub image_col: Option<String>,
+    /// Explicit caption column; wins over preset and detection.
+    pub caption_col: Option<String>,
+    /// Explicit key column; wins over preset and detection.
+    pub key_col: Option<String>,
+    /// Column-name preset, used where no explicit column is given.
+    pub preset: Option<Preset>,
+    /// Directory that relative image paths are resolved against (default:
+    /// the directory of the parquet file that holds the path).
+    pub image_root: Option<PathBuf>,
+}
+
+/// How the image is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageKind {
+    /// Encoded image bytes (Binary / LargeBinary / BinaryView).
+    Bytes,
+    /// A Hugging Face `Image` struct `{bytes, path}`.
+    BytesPathStruct,
+    /// A string path, relative to the parquet file's directory or
+    /// `image_root`.
+    Path,
+    /// A precomputed embedding: List / LargeList / FixedSizeList of
+    /// Float32 or Float64.
+    Embedding,
+}
+
+/// The resolved columns.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ColumnMap {
+    /// Name of the image column.
+    pub image: String,
+    /// How that column stores the image.
+    pub image_kind: ImageKind,
+    /// Name of the caption column.
+    pub caption: String,
+    /// Name of the key column; `None` means keys are `<file stem>:<row>`.
+    pub key: Option<String>,
+}
+
+/// One validated input file.
+#[derive(Debug, Clone)]
+pub struct InputFile {
+    /// The path as expanded from the user's input (not canonicalised, so
+    /// labels show what the user typed).
+    pub path: PathBuf,
+    /// Rows according to the footer.
+    pub num_rows: usize,
+    /// Arrow schema of the whole file.
+    pub schema: arrow_schema::SchemaRef,
+}
+
+/// A validated set of input files sharing one column map.
+#[derive(Debug, Clone)]
+pub struct InputSet {
+    /// The files, in the order their rows are streamed.
+    pub files: Vec<InputFile>,
+    /// Columns shared by every file.
+    pub columns: ColumnMap,
+    /// Where relative image paths are resolved, if not next to the file.
+    pub image_root: Option<PathBuf>,
+    /// Expected embedding length for [`ImageKind::Embedding`] inputs: the
+    /// fixed size of a FixedSizeList column, otherwise the most common length
+    /// among the first rows of the first file. Rows of another length are
+    /// reported as problems, so one truncated row cannot redefine the
+    /// dimension for the rest. `None` for other image kinds.
+    pub embedding_dim: Option<usize>,
+}
+
+/// An image value as read, before decoding (decoding is the encoders'
+/// business).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ImageValue {
+    /// Encoded image bytes.
+    Bytes(Vec<u8>),
+    /// A resolved path; it may not exist (the decoder reports that).
+    Path(PathBuf),
+    /// A precomputed embedding, all values finite, of `embedding_dim` length.
+    Embedding(Vec<f32>),
+}
+
+/// One image–caption pair as read.
+///
+/// `problem` is set when the row is unusable (null/empty caption, null image,
+/// NaN/inf or wrong-length embedding, ...): such rows are reported, never
+/// dropped silently.
+#[derive(Debug, Clone)]
+pub struct PairRow {
+    /// Index into [`InputSet::files`].
+    pub source_file: usize,
+    /// Row index inside that file.
+    pub source_row: usize,
+    /// The key column's value as a string (integers in decimal), or
+    /// `<file stem>:<row>` when there is no key column or the key is null.
+    pub key: String,
+    /// The image, when the row has a usable one.
+    pub image: Option<ImageValue>,
+    /// The caption as stored (empty when null).
+    pub caption: String,
+    /// Why the row cannot be used, in words for the user.
+    pub problem: Option<String>,
+}

@@ -1,0 +1,79 @@
+//! Small parquet files for tests, written with plain `ArrowWriter` so the
+//! readers are not tested against our own writer only.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::builder::{BinaryBuilder, Float32Builder, ListBuilder, StringBuilder};
+use arrow_array::{Array, ArrayRef, RecordBatch, StructArray};
+use arrow_schema::{Field, Schema};
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+
+/// Write `columns` (all nullable) to `dir/name`, in row groups of 2 rows so
+/// streaming crosses row-group boundaries.
+pub(crate) fn write_parquet(dir: &Path, name: &str, columns: Vec<(&str, ArrayRef)>) -> PathBuf {
+    let fields: Vec<Field> = columns
+        .iter()
+        .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
+        .collect();
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|c| c.1).collect())
+        .expect("test batch");
+    let path = dir.join(name);
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(2))
+        .build();
+    let mut w = ArrowWriter::try_new(File::create(&path).expect("create"), schema, Some(props))
+        .expect("writer");
+    w.write(&batch).expect("write");
+    w.close().expect("close");
+    path
+}
+
+pub(crate) fn strings(v: &[Option<&str>]) -> ArrayRef {
+    let mut b = StringBuilder::new();
+    for s in v {
+        b.append_option(*s);
+    }
+    Arc::new(b.finish())
+}
+
+pub(crate) fn binaries(v: &[Option<&[u8]>]) -> ArrayRef {
+    let mut b = BinaryBuilder::new();
+    for s in v {
+        b.append_option(*s);
+    }
+    Arc::new(b.finish())
+}
+
+pub(crate) fn float_lists(v: &[Option<Vec<f32>>]) -> ArrayRef {
+    let mut b = ListBuilder::new(Float32Builder::new());
+    for row in v {
+        match row {
+            Some(xs) => {
+                for &x in xs {
+                    b.values().append_value(x);
+                }
+                b.append(true);
+            }
+            None => b.append(false),
+        }
+    }
+    Arc::new(b.finish())
+}
+
+/// A Hugging Face `Image` column: `{bytes: binary, path: string}`.
+pub(crate) fn hf_images(bytes: &[Option<&[u8]>], paths: &[Option<&str>]) -> ArrayRef {
+    let b = binaries(bytes);
+    let p = strings(paths);
+    let s = StructArray::from(vec![
+        (
+            Arc::new(Field::new("bytes", b.data_type().clone(), true)),
+            b,
+        ),
+        (Arc::new(Field::new("path", p.data_type().clone(), true)), p),
+    ]);
+    Arc::new(s)
+}

@@ -1,0 +1,18 @@
+//! ncclean: find and clean mismatched image–caption pairs.
+//!
+//! The binary is a thin layer over this library: [`data`] reads and writes
+//! parquet, [`engine`] trains and scores through one code path, and the
+//! method math lives in the `ncclean-pipelines` crate.
+
+pub mod checkpoint;
+pub mod cli;
+pub mod corrupt;
+pub mod data;
+pub mod demo;
+pub mod device;
+pub mod engine;
+pub mod error;
+pub mod metrics;
+pub mod progress;
+
+pub use error::{Error, Result};

@@ -1,0 +1,314 @@
+//! End-to-end tests of the `ncclean` binary on generated data.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use arrow_array::builder::{Float32Builder, ListBuilder};
+use arrow_array::{Array, ArrayRef, BinaryArray, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
+use ncclean::data::{read_labels, LabelRow, RowStatus};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+
+fn ncclean(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ncclean"))
+        .args(args)
+        .output()
+        .expect("failed to start ncclean")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = ncclean(args);
+    assert!(
+        out.status.success(),
+        "ncclean {args:?} failed ({:?}):\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn p(path: &Path) -> &str {
+    path.to_str().expect("utf-8 temp path")
+}
+
+fn read_rows(path: &Path) -> Vec<RecordBatch> {
+    let f = File::open(path).unwrap();
+    ParquetRecordBatchReaderBuilder::try_new(f).unwrap().build().unwrap().map(|b| b.unwrap()).collect()
+}
+
+fn count_rows(path: &Path) -> usize {
+    read_rows(path).iter().map(|b| b.num_rows()).sum()
+}
+
+fn string_column(path: &Path, name: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in read_rows(path) {
+        let c = b.column_by_name(name).unwrap();
+        let s = c.as_any().downcast_ref::<StringArray>().unwrap();
+        out.extend((0..s.len()).map(|i| s.value(i).to_string()));
+    }
+    out
+}
+
+fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>) {
+    let fields: Vec<Field> = columns.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), true)).collect();
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|(_, a)| a).collect()).unwrap();
+    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+fn demo(dir: &Path, pairs: usize) -> PathBuf {
+    ok(&["demo", "--out", p(dir), "--pairs", &pairs.to_string(), "--seed", "0"]);
+    dir.join("demo.parquet")
+}
+
+fn eval_json(labels: &Path, truth: &Path) -> serde_json::Value {
+    let out = ok(&["eval", "--labels", p(labels), "--truth", p(truth), "--json"]);
+    serde_json::from_str(out.trim()).expect("eval --json prints one JSON object")
+}
+
+#[test]
+fn demo_corrupt_fit_eval_score_filter_end_to_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 2000);
+    let noisy = tmp.path().join("noisy.parquet");
+    ok(&["corrupt", p(&data), "--rate", "0.3", "--seed", "1", "--out", p(&noisy)]);
+    let run = tmp.path().join("run");
+    ok(&["fit", p(&noisy), "--method", "vanilla", "--out-dir", p(&run), "--seed", "0"]);
+    for f in ["run.json", "checkpoint/state.json", "labels.parquet", "filtered.parquet", "stats.json"] {
+        assert!(run.join(f).exists(), "missing {f}");
+    }
+
+    // Detection quality on 30% injected noise.
+    let m = eval_json(&run.join("labels.parquet"), &noisy);
+    for k in ["auroc", "ap", "precision", "recall", "f1", "n"] {
+        assert!(m.get(k).is_some(), "eval --json lacks {k}: {m}");
+    }
+    assert_eq!(m["n"], 2000);
+    let auroc = m["auroc"].as_f64().unwrap();
+    assert!(auroc >= 0.90, "AUROC {auroc} < 0.90: {m}");
+
+    // `score` on the same data and checkpoint reproduces fit's labels exactly.
+    let (fit_labels, fit_meta) = read_labels(&run.join("labels.parquet")).unwrap();
+    let scored = tmp.path().join("scored.parquet");
+    ok(&["score", p(&noisy), "--checkpoint", p(&run), "--out", p(&scored)]);
+    let (score_labels, score_meta) = read_labels(&scored).unwrap();
+    assert_eq!(fit_labels, score_labels);
+    for k in ["ncclean.checkpoint_sha256", "ncclean.method", "ncclean.seed", "ncclean.input_fingerprint", "ncclean.threshold"] {
+        assert!(fit_meta.contains_key(k), "labels metadata lacks {k}");
+        assert_eq!(fit_meta.get(k), score_meta.get(k), "{k} differs between fit and score");
+    }
+
+    // Filtered output: exactly the is_clean rows, all original columns.
+    let clean: Vec<&LabelRow> = fit_labels.iter().filter(|l| l.is_clean).collect();
+    assert_eq!(count_rows(&run.join("filtered.parquet")), clean.len());
+    let kept_keys = string_column(&run.join("filtered.parquet"), "key");
+    assert_eq!(kept_keys, clean.iter().map(|l| l.key.clone()).collect::<Vec<_>>());
+    let schema_in = read_rows(&noisy)[0].schema();
+    assert_eq!(read_rows(&run.join("filtered.parquet"))[0].schema().fields(), schema_in.fields());
+
+    // `filter` with a keep fraction keeps that fraction of the rows.
+    let half = tmp.path().join("half.parquet");
+    ok(&["filter", p(&noisy), "--labels", p(&run.join("labels.parquet")), "--keep-fraction", "0.5", "--out", p(&half)]);
+    assert_eq!(count_rows(&half), 1000);
+
+    // stats.json carries the numbers the summary reports.
+    let stats: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("stats.json")).unwrap()).unwrap();
+    assert_eq!(stats["pairs"], 2000);
+    assert_eq!(stats["clean"], clean.len());
+}
+
+#[test]
+fn fit_is_deterministic_for_a_seed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 300);
+    let args = |run: &Path, seed: &str| {
+        ok(&["fit", p(&data), "--out-dir", p(run), "--epochs", "2", "--warmup-epochs", "1", "--seed", seed]);
+        read_labels(&run.join("labels.parquet")).unwrap().0
+    };
+    let a = args(&tmp.path().join("a"), "3");
+    let b = args(&tmp.path().join("b"), "3");
+    let c = args(&tmp.path().join("c"), "4");
+    assert_eq!(a, b, "same seed, different labels");
+    assert_ne!(
+        a.iter().map(|l| l.similarity).collect::<Vec<_>>(),
+        c.iter().map(|l| l.similarity).collect::<Vec<_>>(),
+        "different seeds gave identical similarities"
+    );
+}
+
+/// The demo data with row 5's image replaced by garbage bytes and row 7's
+/// caption emptied.
+fn damaged_demo(dir: &Path) -> PathBuf {
+    let data = demo(dir, 120);
+    let batches = read_rows(&data);
+    let batch = arrow_select::concat::concat_batches(&batches[0].schema(), &batches).unwrap();
+    let images = batch.column_by_name("image").unwrap().as_any().downcast_ref::<BinaryArray>().unwrap();
+    let images: Vec<&[u8]> = (0..images.len()).map(|i| if i == 5 { b"\x89PNG garbage".as_slice() } else { images.value(i) }).collect();
+    let caps = string_column(&data, "caption");
+    let caps: Vec<&str> = caps.iter().enumerate().map(|(i, c)| if i == 7 { "  " } else { c.as_str() }).collect();
+    let keys = string_column(&data, "key");
+    let out = dir.join("damaged.parquet");
+    write_parquet(
+        &out,
+        vec![
+            ("key", Arc::new(StringArray::from(keys)) as ArrayRef),
+            ("image", Arc::new(BinaryArray::from(images)) as ArrayRef),
+            ("caption", Arc::new(StringArray::from(caps)) as ArrayRef),
+        ],
+    );
+    out
+}
+
+#[test]
+fn undecodable_image_and_empty_caption_are_skipped_and_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = damaged_demo(tmp.path());
+
+    let out = ok(&["inspect", p(&data), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["rows"], 120);
+    assert_eq!(v["unusable"], 2, "{v}");
+
+    let run = tmp.path().join("run");
+    ok(&["fit", p(&data), "--out-dir", p(&run), "--epochs", "1", "--warmup-epochs", "1"]);
+    let (labels, meta) = read_labels(&run.join("labels.parquet")).unwrap();
+    assert_eq!(labels.len(), 120, "every input row has a label row");
+    assert_eq!(meta.get("ncclean.skipped").map(String::as_str), Some("2"));
+    let l5 = &labels[5];
+    assert_eq!(l5.status, RowStatus::Skipped);
+    assert!(l5.error.as_deref().unwrap_or("").contains("decode"), "{l5:?}");
+    assert!(!l5.is_clean && l5.clean_prob.is_none());
+    let l7 = &labels[7];
+    assert_eq!(l7.status, RowStatus::Skipped);
+    assert!(l7.error.as_deref().unwrap_or("").contains("caption"), "{l7:?}");
+    assert!(labels.iter().enumerate().all(|(i, l)| (i == 5 || i == 7) == (l.status == RowStatus::Skipped)));
+    let kept = string_column(&run.join("filtered.parquet"), "key");
+    assert!(!kept.contains(&labels[5].key) && !kept.contains(&labels[7].key));
+    let stats: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("stats.json")).unwrap()).unwrap();
+    assert_eq!(stats["skipped"], 2);
+}
+
+#[test]
+fn nan_embedding_row_is_skipped_and_embeddings_train() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 80 pairs whose 8-d "image embedding" encodes the caption's word index.
+    let words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"];
+    let mut emb = ListBuilder::new(Float32Builder::new());
+    let mut caps = Vec::new();
+    for i in 0..80 {
+        let w = i % 8;
+        for d in 0..8 {
+            let v = if i == 3 && d == 0 { f32::NAN } else if d == w { 1.0 } else { 0.05 * ((i * 7 + d) % 5) as f32 };
+            emb.values().append_value(v);
+        }
+        emb.append(true);
+        caps.push(format!("a picture of {}", words[w]));
+    }
+    let path = tmp.path().join("emb.parquet");
+    write_parquet(
+        &path,
+        vec![
+            ("image_embedding", Arc::new(emb.finish()) as ArrayRef),
+            ("caption", Arc::new(StringArray::from(caps)) as ArrayRef),
+        ],
+    );
+    let run = tmp.path().join("run");
+    ok(&["fit", p(&path), "--out-dir", p(&run), "--epochs", "2", "--warmup-epochs", "1", "--batch-size", "16"]);
+    let (labels, _) = read_labels(&run.join("labels.parquet")).unwrap();
+    assert_eq!(labels.len(), 80);
+    assert_eq!(labels[3].status, RowStatus::Skipped);
+    assert!(labels[3].error.as_deref().unwrap_or("").to_lowercase().contains("nan"), "{:?}", labels[3]);
+    assert_eq!(labels[3].key, "emb:3", "keys fall back to <file stem>:<row>");
+    assert_eq!(labels.iter().filter(|l| l.status == RowStatus::Ok).count(), 79);
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap()).unwrap();
+    assert_eq!(state["model"]["image"]["kind"], "precomputed");
+    assert_eq!(state["model"]["image"]["dim"], 8);
+}
+
+#[test]
+fn missing_caption_column_exits_3_with_a_useful_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("nocap.parquet");
+    write_parquet(
+        &path,
+        vec![
+            ("key", Arc::new(StringArray::from(vec!["a", "b"])) as ArrayRef),
+            ("image", Arc::new(BinaryArray::from(vec![b"x".as_slice(), b"y".as_slice()])) as ArrayRef),
+        ],
+    );
+    let out = ncclean(&["fit", p(&path), "--out-dir", p(&tmp.path().join("run"))]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nocap.parquet") && err.contains("caption") && err.contains("--caption-col"), "{err}");
+    assert!(!tmp.path().join("run").join("labels.parquet").exists());
+}
+
+#[test]
+fn empty_and_non_parquet_files_exit_3() {
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("empty.parquet");
+    File::create(&empty).unwrap();
+    for cmd in ["inspect", "fit"] {
+        let mut args = vec![cmd, p(&empty)];
+        let run = tmp.path().join("run");
+        if cmd == "fit" {
+            args.extend(["--out-dir", p(&run)]);
+        }
+        let out = ncclean(&args);
+        assert_eq!(out.status.code(), Some(3), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("empty.parquet"));
+    }
+    let text = tmp.path().join("notes.parquet");
+    std::fs::write(&text, "hello, not parquet").unwrap();
+    assert_eq!(ncclean(&["inspect", p(&text)]).status.code(), Some(3));
+    assert_eq!(ncclean(&["inspect", p(&tmp.path().join("missing.parquet"))]).status.code(), Some(3));
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 20);
+    let out = ncclean(&["fit", p(&data), "--out-dir", p(&tmp.path().join("r")), "--device", "cuda"]);
+    if cfg!(not(feature = "cuda")) {
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--features cuda"));
+    }
+    let out = ncclean(&["corrupt", p(&data), "--rate", "1.5", "--out", p(&tmp.path().join("x.parquet"))]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = ncclean(&["fit", p(&data), "--out-dir", p(&tmp.path().join("r")), "--method", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(ncclean(&["frobnicate"]).status.code(), Some(2));
+}
+
+#[test]
+fn corrupt_records_ground_truth_and_permutation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 100);
+    let noisy = tmp.path().join("noisy.parquet");
+    ok(&["corrupt", p(&data), "--rate", "0.2", "--seed", "5", "--out", p(&noisy)]);
+    let f = File::open(&noisy).unwrap();
+    let builder = ParquetRecordBatchReaderBuilder::try_new(f).unwrap();
+    let kv = builder.metadata().file_metadata().key_value_metadata().cloned().unwrap_or_default();
+    let get = |k: &str| kv.iter().find(|e| e.key == k).and_then(|e| e.value.clone());
+    assert_eq!(get("ncclean.corrupt.seed").as_deref(), Some("5"));
+    assert!(get("ncclean.corrupt.permutation").is_some());
+    assert_eq!(string_column(&noisy, "caption"), string_column(&data, "caption"), "captions stay");
+    let batches: Vec<RecordBatch> = builder.build().unwrap().map(|b| b.unwrap()).collect();
+    let noisy_count: usize = batches
+        .iter()
+        .map(|b| {
+            let c = b.column_by_name("noisy").unwrap();
+            let c = c.as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+            c.true_count()
+        })
+        .sum();
+    assert!(noisy_count > 10 && noisy_count <= 20, "{noisy_count}");
+    assert_eq!(batches[0].schema().field_with_name("noisy").unwrap().data_type(), &DataType::Boolean);
+}
