@@ -42,6 +42,8 @@ pub struct CheckpointState {
     pub model: ModelConfig,
     /// Vocabulary of the demo text tower, if used.
     pub vocab: Option<Vocab>,
+    /// Towers that produce the head's inputs.
+    pub encoders: crate::encoders::EncoderSpec,
     /// Input columns the model was trained on (for messages on mismatch).
     pub columns: ColumnMap,
     /// Number of training pairs (per-pair state is aligned with them).

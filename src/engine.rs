@@ -20,7 +20,9 @@ use serde::Serialize;
 
 use crate::checkpoint::{self, CheckpointState};
 use crate::data::{self, ImageKind, ImageValue, InputSet, LabelRow, RowStatus};
+use crate::encoders::{EncoderSpec, ImageEncoder, ImageTower, TextTower};
 use crate::error::{invalid, Error, Result};
+use crate::features::{self, CacheOptions};
 use crate::progress::Reporter;
 
 /// Rows read per batch from parquet: bounds the memory of raw image bytes.
@@ -52,6 +54,9 @@ pub struct Prepared {
     pub ok: Vec<usize>,
     /// Encoder inputs of the usable pairs.
     pub inputs: PairInputs,
+    /// Identity of each usable pair's image (a hash of its bytes), aligned
+    /// with `ok`: retrieval groups the captions of one image by it.
+    pub image_ids: Vec<u64>,
 }
 
 impl Prepared {
@@ -129,6 +134,28 @@ fn decode_parallel(values: &[Option<&ImageValue>], spec: ImageSpec) -> Vec<std::
     })
 }
 
+/// A 64-bit identity of an image value (FNV-1a over its bytes, path or
+/// embedding bits), so identical images share an id.
+pub fn image_identity(v: &ImageValue) -> u64 {
+    let mut h: u64 = 0xCBF2_9CE4_8422_2325;
+    let mut eat = |b: &[u8]| {
+        for &x in b {
+            h ^= x as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01B3);
+        }
+    };
+    match v {
+        ImageValue::Bytes(b) => eat(b),
+        ImageValue::Path(p) => eat(p.to_string_lossy().as_bytes()),
+        ImageValue::Embedding(e) => {
+            for x in e {
+                eat(&x.to_bits().to_le_bytes());
+            }
+        }
+    }
+    h
+}
+
 /// Stream every row of `input`, decode usable images for `spec` on all
 /// cores, and hand each usable (row, caption, image) to `sink`. Returns one
 /// record per input row; memory is bounded by one read batch plus what the
@@ -137,7 +164,7 @@ fn read_rows(
     input: &InputSet,
     spec: ImageSpec,
     rep: &Reporter,
-    mut sink: impl FnMut(&str, ImageOut),
+    mut sink: impl FnMut(&str, ImageOut, u64),
 ) -> Result<Vec<RowRecord>> {
     let mut rows = Vec::with_capacity(input.num_rows());
     let mut obs = rep.observer();
@@ -154,7 +181,7 @@ fn read_rows(
                 (Some(p), _) => Some(p.clone()),
                 (None, Err(e)) => Some(e),
                 (None, Ok(img)) => {
-                    sink(&r.caption, img);
+                    sink(&r.caption, img, r.image.as_ref().map(image_identity).unwrap_or(0));
                     None
                 }
             };
@@ -195,10 +222,11 @@ pub fn scan(input: &InputSet, rep: &Reporter) -> Result<Vec<RowRecord>> {
         },
         _ => ImageSpec::Pixels { size: 8 },
     };
-    read_rows(input, spec, rep, |_, _| {})
+    read_rows(input, spec, rep, |_, _, _| {})
 }
 
-/// Read every row of `input`, decode images for `tower`, and tokenise
+/// Read every row of `input`, decode images for `tower` (demo CNN pixels or
+/// embedding columns), and tokenise
 /// captions with `vocab` (built from the usable captions when `None`).
 fn prepare(
     input: &InputSet,
@@ -210,8 +238,10 @@ fn prepare(
     let mut pixels: Vec<u8> = Vec::new();
     let mut embeddings: Vec<f32> = Vec::new();
     let mut captions: Vec<String> = Vec::new();
-    let rows = read_rows(input, spec, rep, |caption, img| {
+    let mut image_ids: Vec<u64> = Vec::new();
+    let rows = read_rows(input, spec, rep, |caption, img, id| {
         captions.push(caption.to_string());
+        image_ids.push(id);
         match img {
             ImageOut::Pixels(p) => pixels.extend_from_slice(&p),
             ImageOut::Embedding(e) => embeddings.extend_from_slice(&e),
@@ -244,7 +274,155 @@ fn prepare(
         images,
         texts: TextInputs::Tokens(tokens),
     };
-    Ok((Prepared { rows, ok, inputs }, vocab))
+    Ok((
+        Prepared {
+            rows,
+            ok,
+            inputs,
+            image_ids,
+        },
+        vocab,
+    ))
+}
+
+/// Inputs for the matching head and the tower shapes they imply.
+pub struct PreparedRun {
+    /// Rows and head inputs.
+    pub prepared: Prepared,
+    /// Image side of the model config.
+    pub image: ImageTowerConfig,
+    /// Text side of the model config.
+    pub text: TextTowerConfig,
+    /// Vocabulary of the demo text tower, when it is used.
+    pub vocab: Option<Vocab>,
+}
+
+/// Read `input` and turn it into head inputs for the towers in `enc`:
+/// pixels / tokens for the trainable demo towers, cached frozen features for
+/// pretrained towers, embedding columns as they are.
+pub fn prepare_for(
+    input: &InputSet,
+    enc: &EncoderSpec,
+    cfg: &TrainConfig,
+    vocab: Option<&Vocab>,
+    cache: &CacheOptions,
+    device: &Device,
+    rep: &Reporter,
+) -> Result<PreparedRun> {
+    if !enc.uses_towers() {
+        let image = default_image_tower(input, cfg)?;
+        let (prepared, vocab) = prepare(input, &image, vocab, rep)?;
+        let text = TextTowerConfig::DemoBow {
+            vocab_size: vocab.size(),
+            dim: cfg.word_dim,
+        };
+        return Ok(PreparedRun {
+            prepared,
+            image,
+            text,
+            vocab: Some(vocab),
+        });
+    }
+    if enc.image == ImageEncoder::DemoCnn {
+        return Err(Error::Usage(
+            "--image-encoder demo-cnn trains from pixels and cannot be combined with a pretrained text tower; \
+             use mobilenet_v2, clip or precomputed"
+                .into(),
+        ));
+    }
+    let itower = ImageTower::load(enc, device)?;
+    let ttower = TextTower::load(enc, device)?;
+    let ex = features::extract(input, itower.as_ref(), ttower.as_ref(), cache, device, rep)?;
+    let image_dim = match &ex.image {
+        Some(f) => f.dim,
+        None => input
+            .embedding_dim
+            .ok_or_else(|| invalid("cannot tell the embedding length of the image column"))?,
+    };
+    let mut rows = Vec::with_capacity(input.num_rows());
+    let mut ok = Vec::new();
+    let mut image_ids = Vec::new();
+    let mut images: Vec<f32> = Vec::new();
+    let mut texts: Vec<f32> = Vec::new();
+    let mut captions: Vec<String> = Vec::new();
+    let mut obs = rep.observer();
+    obs.start("reading", input.num_rows() as u64);
+    let mut global_row = 0usize;
+    for batch in input.pairs(READ_BATCH_ROWS) {
+        let batch = batch?;
+        for (k, r) in batch.iter().enumerate() {
+            let row = global_row + k;
+            let mut error = r.problem.clone();
+            let img: Option<&[f32]> = match (&ex.image, &r.image) {
+                (Some(f), _) => f.row(row),
+                (None, Some(ImageValue::Embedding(e))) if e.len() == image_dim => Some(e.as_slice()),
+                _ => None,
+            };
+            if error.is_none() && img.is_none() {
+                error = Some(
+                    ex.image
+                        .as_ref()
+                        .and_then(|f| f.errors.get(row).cloned().flatten())
+                        .unwrap_or_else(|| "image could not be encoded".to_string()),
+                );
+            }
+            let txt: Option<&[f32]> = ex.text.as_ref().and_then(|f| f.row(row));
+            if error.is_none() && ex.text.is_some() && txt.is_none() {
+                error = Some("caption could not be encoded".to_string());
+            }
+            if error.is_none() {
+                ok.push(rows.len());
+                images.extend_from_slice(img.unwrap_or_default());
+                match txt {
+                    Some(t) => texts.extend_from_slice(t),
+                    None => captions.push(r.caption.clone()),
+                }
+                image_ids.push(r.image.as_ref().map(image_identity).unwrap_or(0));
+            }
+            rows.push(RowRecord {
+                key: r.key.clone(),
+                file: r.source_file,
+                row: r.source_row,
+                error,
+            });
+        }
+        global_row += batch.len();
+        obs.advance(batch.len() as u64);
+    }
+    obs.finish();
+    let (text_inputs, text_cfg, vocab) = match &ex.text {
+        Some(f) => (
+            TextInputs::Embeddings { data: texts, dim: f.dim },
+            TextTowerConfig::Precomputed { dim: f.dim },
+            None,
+        ),
+        None => {
+            let v = match vocab {
+                Some(v) => v.clone(),
+                None => Vocab::build(captions.iter().map(String::as_str), VOCAB_MIN_COUNT, VOCAB_MAX_SIZE, VOCAB_MAX_LEN),
+            };
+            let tokens = captions.iter().map(|c| v.encode(c)).collect();
+            let cfg = TextTowerConfig::DemoBow {
+                vocab_size: v.size(),
+                dim: cfg.word_dim,
+            };
+            (TextInputs::Tokens(tokens), cfg, Some(v))
+        }
+    };
+    Ok(PreparedRun {
+        prepared: Prepared {
+            rows,
+            ok,
+            inputs: PairInputs {
+                images: ImageInputs::Embeddings { data: images, dim: image_dim },
+                texts: text_inputs,
+            },
+            image_ids,
+        },
+        image: ImageTowerConfig::Precomputed { dim: image_dim },
+        text: text_cfg,
+        vocab,
+    })
 }
 
 /// A trained pipeline rebuilt from a checkpoint.
@@ -254,6 +432,7 @@ pub struct Engine {
     /// Directory the checkpoint was read from.
     pub dir: PathBuf,
     pipeline: Box<dyn Pipeline>,
+    device: Device,
 }
 
 /// Per-pair labels and what produced them.
@@ -279,14 +458,57 @@ impl Engine {
         let mut pipeline = ncclean_pipelines::build(&state.method, state.config.clone(), &state.model, state.seed, device)
             .map_err(|e| invalid(format!("{}: {e}", dir.display())))?;
         checkpoint::load_into(&dir, &state, pipeline.as_mut())?;
-        Ok(Engine { state, dir, pipeline })
+        Ok(Engine {
+            state,
+            dir,
+            pipeline,
+            device: device.clone(),
+        })
     }
 
     /// Read and decode `input` the way this checkpoint's towers expect.
-    pub fn prepare(&self, input: &InputSet, rep: &Reporter) -> Result<Prepared> {
+    pub fn prepare(&self, input: &InputSet, cache: &CacheOptions, rep: &Reporter) -> Result<Prepared> {
         check_compatible(input, &self.state)?;
-        let (prepared, _) = prepare(input, &self.state.model.image, self.state.vocab.as_ref(), rep)?;
-        Ok(prepared)
+        let run = prepare_for(
+            input,
+            &self.state.encoders,
+            &self.state.config,
+            self.state.vocab.as_ref(),
+            cache,
+            &self.device,
+            rep,
+        )?;
+        if run.image != self.state.model.image {
+            return Err(invalid(format!(
+                "{}: the image features ({:?}) do not match the checkpoint's ({:?})",
+                input.display_name(0),
+                run.image,
+                self.state.model.image
+            )));
+        }
+        Ok(run.prepared)
+    }
+
+    /// Joint-space similarity matrix `images × captions` of the usable pairs
+    /// (co-taught networks averaged), for retrieval.
+    pub fn similarity_matrix(&self, prepared: &Prepared, images: &[usize], captions: &[usize]) -> Result<Vec<f32>> {
+        let per_net = self.pipeline.embed(&prepared.inputs).context("embedding pairs")?;
+        let mut acc: Option<candle_core::Tensor> = None;
+        let to_ids = |v: &[usize]| candle_core::Tensor::from_vec(v.iter().map(|&i| i as u32).collect::<Vec<_>>(), v.len(), &self.device);
+        let (ii, cc) = (to_ids(images).context("index")?, to_ids(captions).context("index")?);
+        for (vi, vt) in &per_net {
+            let s = vi
+                .index_select(&ii, 0)
+                .and_then(|a| a.matmul(&vt.index_select(&cc, 0)?.t()?))
+                .context("similarity")?;
+            acc = Some(match acc {
+                Some(a) => (a + s).context("similarity")?,
+                None => s,
+            });
+        }
+        let s = acc.ok_or_else(|| anyhow::anyhow!("pipeline returned no embeddings"))?;
+        let s = (s / per_net.len() as f64).context("similarity")?;
+        Ok(s.flatten_all().and_then(|t| t.to_vec1()).context("similarity")?)
     }
 
     /// Score prepared pairs: the one scoring path of `fit` and `score`.
@@ -321,14 +543,14 @@ impl Engine {
             format!("is_clean = clean_prob > {threshold} (the method's own division)"),
         );
         put(&mut metadata, "division", if refit { "refitted on the scored data" } else { "mixture from the checkpoint" }.to_string());
-        put(
-            &mut metadata,
-            "division_statistic",
-            format!(
-                "per-sample hinge (margin {}) averaged over {} shuffles of batch {}",
-                self.state.config.margin, self.state.config.division_shuffles, self.state.config.batch_size
-            ),
-        );
+        let statistic = self.state.pipeline["division_statistic"]
+            .as_str()
+            .unwrap_or("see the method's documentation")
+            .to_string();
+        put(&mut metadata, "division_statistic", statistic);
+        if let Some(f) = self.state.pipeline.pointer("/division/fallback").filter(|f| !f.is_null()) {
+            put(&mut metadata, "division_fallback", f.to_string());
+        }
         put(&mut metadata, "estimated_noise_rate", format!("{estimated_noise_rate:.6}"));
         put(&mut metadata, "input_fingerprint", input.fingerprint()?);
         put(&mut metadata, "rows", prepared.rows.len().to_string());
@@ -344,7 +566,7 @@ impl Engine {
 }
 
 fn check_compatible(input: &InputSet, state: &CheckpointState) -> Result<()> {
-    let want_embedding = matches!(state.model.image, ImageTowerConfig::Precomputed { .. });
+    let want_embedding = state.encoders.image == ImageEncoder::Precomputed;
     let have_embedding = input.columns.image_kind == ImageKind::Embedding;
     if want_embedding != have_embedding {
         return Err(invalid(format!(
@@ -355,7 +577,7 @@ fn check_compatible(input: &InputSet, state: &CheckpointState) -> Result<()> {
             if want_embedding { "precomputed embeddings" } else { "images" },
         )));
     }
-    if let (ImageTowerConfig::Precomputed { dim }, Some(have)) = (&state.model.image, input.embedding_dim) {
+    if let (ImageTowerConfig::Precomputed { dim }, Some(have), true) = (&state.model.image, input.embedding_dim, want_embedding) {
         if *dim != have {
             return Err(invalid(format!(
                 "{}: embeddings in column {:?} have {have} values, the checkpoint expects {dim}",
@@ -415,6 +637,10 @@ pub struct FitOptions {
     pub seed: u64,
     /// Run directory.
     pub out_dir: PathBuf,
+    /// Towers.
+    pub encoders: EncoderSpec,
+    /// Feature cache.
+    pub cache: CacheOptions,
 }
 
 /// What `fit` did.
@@ -447,9 +673,9 @@ pub struct FitSummary {
 /// Train `opts.method` on `input`, write the run directory and return a summary.
 pub fn fit(input: &InputSet, opts: &FitOptions, device: &Device, rep: &Reporter) -> Result<FitSummary> {
     let cfg = &opts.config;
-    let image_tower = default_image_tower(input, cfg)?;
     let t0 = Instant::now();
-    let (prepared, vocab) = prepare(input, &image_tower, None, rep)?;
+    let run = prepare_for(input, &opts.encoders, cfg, None, &opts.cache, device, rep)?;
+    let (prepared, vocab) = (run.prepared, run.vocab);
     let read_seconds = t0.elapsed().as_secs_f64();
     if prepared.ok.len() < 2 {
         return Err(invalid(format!(
@@ -465,14 +691,7 @@ pub fn fit(input: &InputSet, opts: &FitOptions, device: &Device, rep: &Reporter)
         prepared.ok.len(),
         prepared.skipped()
     ));
-    let model = ncclean_pipelines::config::model_config(
-        cfg,
-        image_tower,
-        TextTowerConfig::DemoBow {
-            vocab_size: vocab.size(),
-            dim: cfg.word_dim,
-        },
-    );
+    let model = ncclean_pipelines::config::model_config(cfg, run.image, run.text);
     let mut pipeline = ncclean_pipelines::build(&opts.method, cfg.clone(), &model, opts.seed, device)
         .map_err(|e| Error::Usage(e.to_string()))?;
     let t1 = Instant::now();
@@ -499,7 +718,8 @@ pub fn fit(input: &InputSet, opts: &FitOptions, device: &Device, rep: &Reporter)
         seed: opts.seed,
         config: cfg.clone(),
         model,
-        vocab: Some(vocab),
+        vocab,
+        encoders: opts.encoders.clone(),
         columns: input.columns.clone(),
         train_pairs: prepared.ok.len(),
         pipeline: pipeline.state(),
@@ -539,6 +759,7 @@ pub fn fit(input: &InputSet, opts: &FitOptions, device: &Device, rep: &Reporter)
         "config": cfg,
         "config_hash": config_hash(cfg),
         "model": engine.state.model,
+        "encoders": opts.encoders,
         "columns": input.columns,
         "inputs": (0..input.files.len()).map(|f| input.display_name(f)).collect::<Vec<_>>(),
         "input_fingerprint": scored.metadata.get("ncclean.input_fingerprint"),

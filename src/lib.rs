@@ -9,10 +9,13 @@ pub mod cli;
 pub mod corrupt;
 pub mod data;
 pub mod demo;
+pub mod encoders;
+pub mod features;
 pub mod device;
 pub mod engine;
 pub mod error;
 pub mod metrics;
 pub mod progress;
+pub mod retrieval;
 
 pub use error::{Error, Result};

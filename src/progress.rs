@@ -95,7 +95,9 @@ impl Reporter {
             bar: None,
             stage: String::new(),
             done: 0,
+            total: 0,
             started: Instant::now(),
+            last_line: Instant::now(),
         }
     }
 }
@@ -106,15 +108,22 @@ pub struct StageObserver {
     bar: Option<ProgressBar>,
     stage: String,
     done: u64,
+    total: u64,
     started: Instant,
+    last_line: Instant,
 }
+
+/// Seconds between plain progress lines when stderr is not a terminal.
+const LINE_EVERY_SECS: f64 = 15.0;
 
 impl Observer for StageObserver {
     fn start(&mut self, stage: &str, total: u64) {
         self.finish();
         self.stage = stage.to_string();
         self.done = 0;
+        self.total = total;
         self.started = Instant::now();
+        self.last_line = Instant::now();
         if self.reporter.tty && self.reporter.format == LogFormat::Text {
             let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
             bar.set_style(
@@ -131,6 +140,17 @@ impl Observer for StageObserver {
         self.done += n;
         if let Some(b) = &self.bar {
             b.inc(n);
+        } else if self.reporter.format == LogFormat::Text && self.last_line.elapsed().as_secs_f64() >= LINE_EVERY_SECS {
+            // Long stages in logs (not a terminal) still show they are alive.
+            self.last_line = Instant::now();
+            let secs = self.started.elapsed().as_secs_f64();
+            eprintln!(
+                "{}: {}/{} ({:.1}/s)",
+                self.stage,
+                self.done,
+                self.total,
+                self.done as f64 / secs.max(1e-9)
+            );
         }
     }
 

@@ -3,8 +3,13 @@
 //! Everything trainable is built on [`params::ParamStore`], which initialises
 //! parameters from a seed so that runs are reproducible on CPU.
 
+pub mod bert_text;
+pub mod clip_tower;
+pub mod gpo;
+pub mod hf_dir;
 pub mod inputs;
 pub mod layers;
+pub mod mobilenet_v2;
 pub mod model;
 pub mod params;
 pub mod preprocess;
@@ -12,5 +17,8 @@ pub mod rng;
 pub mod vocab;
 
 pub use inputs::{ImageInputs, PairInputs, TextBatch, TextInputs};
-pub use model::{similarity, ImageTowerConfig, MatchingModel, ModelConfig, TextTowerConfig};
+pub use model::{
+    similarity, ImageTowerConfig, LocalOptions, MatchingModel, ModelConfig, Pooling,
+    TextTowerConfig,
+};
 pub use params::ParamStore;

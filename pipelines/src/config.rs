@@ -45,18 +45,36 @@ pub struct TrainConfig {
     pub image_size: usize,
     /// Word embedding width of the demo text tower.
     pub word_dim: usize,
+    /// Method-specific parameters (the `[params]` table of a preset); each
+    /// pipeline parses them into its own struct and rejects unknown keys.
+    #[serde(default)]
+    pub params: toml::Table,
+}
+
+impl TrainConfig {
+    /// Parse the method-specific `[params]` table into `T`; errors name the
+    /// offending key.
+    pub fn method_params<T: serde::de::DeserializeOwned>(&self, method: &str) -> Result<T, String> {
+        toml::Value::Table(self.params.clone())
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("invalid [params] for {method}: {e}"))
+    }
 }
 
 /// The preset TOML of a method, as shipped.
 pub fn preset_text(method: &str) -> Option<&'static str> {
     match method {
         "vanilla" => Some(include_str!("../presets/vanilla.toml")),
+        "esc" => Some(include_str!("../presets/esc.toml")),
+        "gsc" => Some(include_str!("../presets/gsc.toml")),
+        "crcl" => Some(include_str!("../presets/crcl.toml")),
+        "recon" => Some(include_str!("../presets/recon.toml")),
         _ => None,
     }
 }
 
 /// Methods that can be run.
-pub const METHODS: &[&str] = &["vanilla"];
+pub const METHODS: &[&str] = &["vanilla", "esc", "gsc", "crcl", "recon"];
 
 /// Resolve a configuration: the method's preset, then `user` TOML (a partial
 /// table), then `overrides` (also a partial table, from flags).
@@ -82,10 +100,44 @@ pub fn resolve(method: &str, user: Option<&str>, overrides: &toml::Table) -> Res
         .map_err(|e: toml::de::Error| format!("invalid configuration: {e}"))
 }
 
+/// Merge `over` into `base`; nested tables merge key by key, so a file can
+/// override one method parameter without restating the others.
 fn merge(base: &mut toml::Table, over: &toml::Table) {
     for (k, v) in over {
-        base.insert(k.clone(), v.clone());
+        match (base.get_mut(k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            _ => {
+                base.insert(k.clone(), v.clone());
+            }
+        }
     }
+}
+
+/// Parse `--set key=value` overrides (TOML values; `params.x=1` sets a
+/// method parameter) into a partial table.
+pub fn parse_sets(sets: &[String]) -> Result<toml::Table, String> {
+    let mut out = toml::Table::new();
+    for s in sets {
+        let (key, value) = s
+            .split_once('=')
+            .ok_or_else(|| format!("--set {s:?}: expected KEY=VALUE, e.g. --set params.beta=0.3"))?;
+        let parsed: toml::Table = format!("v = {}", value.trim())
+            .parse()
+            .or_else(|_| format!("v = {:?}", value.trim()).parse())
+            .map_err(|e| format!("--set {s:?}: {e}"))?;
+        let v = parsed.get("v").cloned().unwrap_or(toml::Value::String(value.to_string()));
+        let parts: Vec<&str> = key.trim().split('.').collect();
+        let mut t = &mut out;
+        for p in &parts[..parts.len() - 1] {
+            t = t
+                .entry(p.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .ok_or_else(|| format!("--set {s:?}: {p} is not a table"))?;
+        }
+        t.insert(parts[parts.len() - 1].to_string(), v);
+    }
+    Ok(out)
 }
 
 /// Rebuild the model configuration a checkpoint needs, from the train config
@@ -113,6 +165,18 @@ mod tests {
         assert_eq!(c.epochs, 3);
         assert_eq!(c.lr, 0.5);
         assert_eq!(c.batch_size, base.batch_size);
+    }
+
+    #[test]
+    fn nested_params_merge_and_sets_parse() {
+        let mut base: toml::Table = "a = 1\n[params]\nx = 1\ny = 2\n".parse().unwrap();
+        let over = parse_sets(&["params.y=3".into(), "a=0.5".into(), "name=gmm".into()]).unwrap();
+        merge(&mut base, &over);
+        assert_eq!(base["a"].as_float(), Some(0.5));
+        assert_eq!(base["params"]["x"].as_integer(), Some(1));
+        assert_eq!(base["params"]["y"].as_integer(), Some(3));
+        assert_eq!(base["name"].as_str(), Some("gmm"));
+        assert!(parse_sets(&["novalue".into()]).is_err());
     }
 
     #[test]

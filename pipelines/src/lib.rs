@@ -6,10 +6,14 @@
 
 pub mod batches;
 pub mod config;
+pub mod crcl;
 pub mod division;
+pub mod esc;
+pub mod gsc;
 pub mod losses;
 pub mod net;
 pub mod pipeline;
+pub mod recon;
 pub mod scoring;
 pub mod vanilla;
 
@@ -23,6 +27,10 @@ pub use pipeline::{EpochStats, Observer, PairScores, Pipeline, Silent};
 pub fn build(method: &str, cfg: TrainConfig, model: &ModelConfig, seed: u64, device: &Device) -> Result<Box<dyn Pipeline>> {
     match method {
         "vanilla" => Ok(Box::new(vanilla::Vanilla::new(cfg, model, seed, device)?)),
+        "esc" => esc::build(cfg, model, seed, device),
+        "gsc" => gsc::build(cfg, model, seed, device),
+        "crcl" => crcl::build(cfg, model, seed, device),
+        "recon" => recon::build(cfg, model, seed, device),
         other => candle_core::bail!("unknown method {other:?}; available: {}", METHODS.join(", ")),
     }
 }

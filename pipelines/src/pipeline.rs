@@ -5,7 +5,7 @@
 //! turns a trained pipeline and a set of pairs into per-pair results: `fit`
 //! ends by calling it, and `ncclean score` calls it on new data.
 
-use candle_core::Result;
+use candle_core::{Result, Tensor};
 use candle_nn::VarMap;
 use ncclean_models::PairInputs;
 use serde::{Deserialize, Serialize};
@@ -71,6 +71,13 @@ pub trait Pipeline {
     /// Per-pair results. With `refit`, the division is refitted on `data`
     /// instead of reusing the trained mixture.
     fn score(&self, data: &PairInputs, refit: bool, obs: &mut dyn Observer) -> Result<PairScores>;
+    /// Joint-space embeddings `(images, captions)` of every pair, one entry
+    /// per network (co-taught networks are averaged by the caller: at
+    /// inference their similarity matrices are averaged). Used for retrieval.
+    fn embed(&self, data: &PairInputs) -> Result<Vec<(Tensor, Tensor)>> {
+        let _ = data;
+        candle_core::bail!("the {} pipeline does not expose embeddings", self.method())
+    }
     /// Named parameter sets (one per network) for checkpoints.
     fn weights(&self) -> Vec<(String, &VarMap)>;
     /// Mutable parameter sets, to load a checkpoint into.

@@ -144,6 +144,10 @@ impl Pipeline for Vanilla {
         })
     }
 
+    fn embed(&self, data: &PairInputs) -> Result<Vec<(Tensor, Tensor)>> {
+        Ok(vec![self.net.embed_all(data, SCORE_CHUNK)?])
+    }
+
     fn weights(&self) -> Vec<(String, &VarMap)> {
         vec![("net0".to_string(), self.net.varmap())]
     }
@@ -153,7 +157,13 @@ impl Pipeline for Vanilla {
     }
 
     fn state(&self) -> serde_json::Value {
-        serde_json::json!({ "division": self.division })
+        serde_json::json!({
+            "division": self.division,
+            "division_statistic": format!(
+                "per-sample hinge (margin {}) averaged over {} shuffles of batch {}",
+                self.cfg.margin, self.cfg.division_shuffles, self.cfg.batch_size
+            ),
+        })
     }
 
     fn pair_state(&self) -> Vec<(String, Vec<f32>)> {

@@ -19,12 +19,27 @@ use crate::progress::Reporter;
 /// Arguments of `ncclean eval`.
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    /// Labels parquet from `fit` or `score`.
-    #[arg(long, value_name = "FILE")]
-    pub labels: PathBuf,
-    /// Parquet file with the ground truth (e.g. the output of `ncclean corrupt`).
-    #[arg(long, value_name = "FILE")]
-    pub truth: PathBuf,
+    /// Labels parquet from `fit` or `score` (detection mode).
+    #[arg(long, value_name = "FILE", required_unless_present = "retrieval")]
+    pub labels: Option<PathBuf>,
+    /// Parquet file with the ground truth, e.g. the output of `ncclean corrupt` (detection mode).
+    #[arg(long, value_name = "FILE", required_unless_present = "retrieval")]
+    pub truth: Option<PathBuf>,
+    /// Retrieval mode: R@1/5/10 both directions and rSum of a checkpoint on held-out clean DATA
+    /// (captions of the same image are grouped by identical image bytes).
+    #[arg(long, requires = "checkpoint", conflicts_with_all = ["labels", "truth"])]
+    pub retrieval: bool,
+    /// Run directory of `ncclean fit` (retrieval mode).
+    #[arg(long, value_name = "RUN")]
+    pub checkpoint: Option<PathBuf>,
+    /// Held-out data for retrieval mode.
+    #[arg(value_name = "DATA")]
+    pub data: Vec<PathBuf>,
+    #[command(flatten)]
+    pub cache: super::CacheArgs,
+    /// Device for retrieval mode.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
     /// Boolean ground-truth column: true for a mismatched (noisy) pair.
     #[arg(long, default_value = "noisy")]
     pub truth_col: String,
@@ -175,9 +190,49 @@ pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detect
     })
 }
 
-pub fn run(a: EvalArgs, _rep: &Reporter) -> Result<()> {
-    let (labels, _) = data::read_labels(&a.labels)?;
-    let truth = read_truth(&a.truth, &a.truth_col, a.truth_key_col.as_deref())?;
+fn run_retrieval(a: &EvalArgs, rep: &Reporter) -> Result<()> {
+    if a.data.is_empty() {
+        return Err(crate::Error::Usage("eval --retrieval needs the held-out DATA to retrieve in".into()));
+    }
+    let device = crate::device::open(&a.device)?;
+    let checkpoint = a.checkpoint.as_deref().ok_or_else(|| crate::Error::Usage("--retrieval needs --checkpoint".into()))?;
+    let engine = crate::engine::Engine::load(checkpoint, &device)?;
+    let input = crate::data::InputSet::open(&a.data, &crate::data::ColumnOptions::default())?;
+    let prepared = engine.prepare(&input, &a.cache.options(), rep)?;
+    // One image per distinct image identity; every usable pair is a caption.
+    let mut first: HashMap<u64, usize> = HashMap::new();
+    let mut images = Vec::new();
+    let mut owner = Vec::with_capacity(prepared.ok.len());
+    for (k, id) in prepared.image_ids.iter().enumerate() {
+        let idx = *first.entry(*id).or_insert_with(|| {
+            images.push(k);
+            images.len() - 1
+        });
+        owner.push(idx);
+    }
+    let captions: Vec<usize> = (0..prepared.ok.len()).collect();
+    let sim = engine.similarity_matrix(&prepared, &images, &captions)?;
+    let r = crate::retrieval::retrieval(&sim, images.len(), &owner);
+    if a.json {
+        println!("{}", serde_json::to_string(&r).context("serialising metrics")?);
+    } else {
+        println!("{} images, {} captions ({} rows skipped)", r.images, r.captions, prepared.skipped());
+        println!("image->text  R@1 {:.1}  R@5 {:.1}  R@10 {:.1}", r.i2t_r1, r.i2t_r5, r.i2t_r10);
+        println!("text->image  R@1 {:.1}  R@5 {:.1}  R@10 {:.1}", r.t2i_r1, r.t2i_r5, r.t2i_r10);
+        println!("rSum {:.1}", r.rsum);
+    }
+    Ok(())
+}
+
+pub fn run(a: EvalArgs, rep: &Reporter) -> Result<()> {
+    if a.retrieval {
+        return run_retrieval(&a, rep);
+    }
+    let (Some(labels_path), Some(truth_path)) = (&a.labels, &a.truth) else {
+        return Err(crate::Error::Usage("eval needs --labels and --truth (or --retrieval)".into()));
+    };
+    let (labels, _) = data::read_labels(labels_path)?;
+    let truth = read_truth(truth_path, &a.truth_col, a.truth_key_col.as_deref())?;
     let d = detection(&labels, &truth)?;
     if a.json {
         println!("{}", serde_json::to_string(&d).context("serialising metrics")?);

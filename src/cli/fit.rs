@@ -9,14 +9,18 @@ use crate::engine::{self, FitOptions};
 use crate::error::{invalid, Error, Result};
 use crate::progress::Reporter;
 
-use super::DataArgs;
+use super::{CacheArgs, DataArgs, EncoderArgs};
 
 /// Arguments of `ncclean fit`.
 #[derive(Debug, Args)]
 pub struct FitArgs {
     #[command(flatten)]
     pub data: DataArgs,
-    /// Method: vanilla (NCR-like reference pipeline).
+    #[command(flatten)]
+    pub encoders: EncoderArgs,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    /// Method: vanilla (NCR-like reference), esc, gsc, crcl. Defaults in pipelines/presets/<method>.toml.
     #[arg(long, default_value = "vanilla", value_parser = clap::builder::PossibleValuesParser::new(ncclean_pipelines::METHODS))]
     pub method: String,
     /// Run directory: run.json, checkpoint/, labels.parquet, filtered.parquet, stats.json.
@@ -43,14 +47,17 @@ pub struct FitArgs {
     /// TOML file overriding the preset (a [<method>] table or top-level keys); flags override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Override any configuration key, as TOML: `--set params.beta=0.3 --set mixture=\"bmm\"`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
     /// Device: cpu, cuda or cuda:N (CUDA needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     pub device: String,
 }
 
 /// Flags that override the configuration, as a partial TOML table.
-fn overrides(a: &FitArgs) -> toml::Table {
-    let mut t = toml::Table::new();
+fn overrides(a: &FitArgs) -> Result<toml::Table> {
+    let mut t = ncclean_pipelines::config::parse_sets(&a.sets).map_err(Error::Usage)?;
     let mut int = |k: &str, v: Option<usize>| {
         if let Some(v) = v {
             t.insert(k.into(), toml::Value::Integer(v as i64));
@@ -65,7 +72,7 @@ fn overrides(a: &FitArgs) -> toml::Table {
     if let Some(th) = a.threshold {
         t.insert("threshold".into(), toml::Value::Float(th));
     }
-    t
+    Ok(t)
 }
 
 pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
@@ -76,7 +83,7 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         ),
         None => None,
     };
-    let config = ncclean_pipelines::config::resolve(&a.method, user.as_deref(), &overrides(&a)).map_err(|e| {
+    let config = ncclean_pipelines::config::resolve(&a.method, user.as_deref(), &overrides(&a)?).map_err(|e| {
         match &a.config {
             Some(p) => invalid(format!("{}: {e}", p.display())),
             None => Error::Usage(e),
@@ -90,7 +97,16 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     }
     let input = a.data.open()?;
     std::fs::create_dir_all(&a.out_dir).with_context(|| format!("cannot create {}", a.out_dir.display()))?;
+    let encoders = crate::encoders::EncoderSpec::resolve(
+        &input,
+        a.encoders.image_encoder,
+        a.encoders.text_encoder,
+        a.encoders.image_model.clone(),
+        a.encoders.text_model.clone(),
+    )?;
     let opts = FitOptions {
+        encoders,
+        cache: a.cache.options(),
         method: a.method.clone(),
         config,
         seed: a.seed,

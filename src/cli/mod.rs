@@ -99,6 +99,47 @@ impl DataArgs {
     }
 }
 
+/// Which towers encode images and captions (recorded in the checkpoint).
+#[derive(Debug, Clone, Args)]
+pub struct EncoderArgs {
+    /// Image tower (default: precomputed for an embedding column, else demo-cnn).
+    #[arg(long, value_enum)]
+    pub image_encoder: Option<crate::encoders::ImageEncoder>,
+    /// Text tower (default: demo-bow).
+    #[arg(long, value_enum)]
+    pub text_encoder: Option<crate::encoders::TextEncoder>,
+    /// Image tower weights: MobileNetV2 model.safetensors, or a CLIP model directory / hub id.
+    #[arg(long, value_name = "PATH|ID")]
+    pub image_model: Option<String>,
+    /// Text tower weights: a MiniLM/BERT or CLIP model directory / hub id.
+    #[arg(long, value_name = "PATH|ID")]
+    pub text_model: Option<String>,
+}
+
+/// Where frozen-tower features are cached.
+#[derive(Debug, Clone, Args)]
+pub struct CacheArgs {
+    /// Feature cache directory (default: $NCCLEAN_CACHE_DIR, else ~/.cache/ncclean/features).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Do not read or write the feature cache (features are recomputed).
+    #[arg(long)]
+    pub no_cache: bool,
+}
+
+impl CacheArgs {
+    /// The cache these flags ask for.
+    pub fn options(&self) -> crate::features::CacheOptions {
+        crate::features::CacheOptions {
+            dir: if self.no_cache {
+                None
+            } else {
+                self.cache_dir.clone().or_else(crate::features::CacheOptions::default_dir)
+            },
+        }
+    }
+}
+
 /// Parse the command line and run it; the error carries the exit code.
 pub fn run(cli: Cli) -> Result<()> {
     let rep = Reporter::new(cli.log_format);

@@ -9,13 +9,15 @@ use crate::engine::{keep_mask, Engine};
 use crate::error::Result;
 use crate::progress::Reporter;
 
-use super::DataArgs;
+use super::{CacheArgs, DataArgs};
 
 /// Arguments of `ncclean score`.
 #[derive(Debug, Args)]
 pub struct ScoreArgs {
     #[command(flatten)]
     pub data: DataArgs,
+    #[command(flatten)]
+    pub cache: CacheArgs,
     /// Run directory written by `ncclean fit --out-dir` (or its checkpoint/).
     #[arg(long, value_name = "RUN")]
     pub checkpoint: PathBuf,
@@ -37,7 +39,7 @@ pub fn run(a: ScoreArgs, rep: &Reporter) -> Result<()> {
     let device = crate::device::open(&a.device)?;
     let engine = Engine::load(&a.checkpoint, &device)?;
     let input = a.data.open()?;
-    let prepared = engine.prepare(&input, rep)?;
+    let prepared = engine.prepare(&input, &a.cache.options(), rep)?;
     let scored = engine.score(&input, &prepared, a.refit, rep)?;
     data::write_labels(&a.out, &scored.labels, &scored.metadata)?;
     let mut filtered_rows = None;

@@ -1,0 +1,820 @@
+//! `recon`: ReCon — Relation Consistency (CVPR 2025; METHODS.md section 4).
+//!
+//! One network with local heads (image regions = cells of the demo CNN's last
+//! grid, caption tokens = projected word embeddings) and GPO pooling for the
+//! global embeddings. After η warm-up epochs with the triplet loss summed over
+//! in-batch negatives, every epoch:
+//! 1. computes per pair the cross-modal relation loss `L_CM` (symmetric
+//!    InfoNCE, τ = 0.1, in shuffled batches), the intra-modal relation
+//!    discrepancy `L_IM` (eqs. 3–4) and the matching probability `p_i`;
+//! 2. fits a GMM on `L_CM` (small mean clean) → `y_CM`; the rough clean set is
+//!    `y_CM > ω1`; within it `y_IM = log(1+L_IM)/(1+log(1+L_IM))` separates
+//!    clean (`y_IM < ω2`) from locally-associated pairs; the rest is noisy;
+//! 3. trains on all pairs: `ξ L_CM + L_IM` (clean), `ξ L_CM + L_IM/λ` with
+//!    `λ = exp(y_IM/α)` (locally associated), `ŷ L_CM` with momentum pseudo
+//!    labels `ỹ ← β ỹ + (1−β) p_i` (noisy).
+//!
+//! Scoring: `clean_prob` is the posterior of the GMM fitted in `finalize` on
+//! `L_CM` (averaged over `division_shuffles` fixed shuffles); `soft_label` is 1
+//! for pairs with `clean_prob > ω1` and `p_i` otherwise — the label rule
+//! applied once, since new data has no momentum history.
+//!
+//! # Departures from the paper
+//! - Backbone: the paper uses SGRAF (Faster R-CNN regions, GRU text encoder,
+//!   a learned similarity head). Here the similarity is the cosine of global
+//!   embeddings pooled with GPO over local features of ncclean's demo towers;
+//!   the local relation matrices use the cosine `g(v, l) = vᵀl` of unit local
+//!   features. Precomputed (global-only) features are rejected: the engine
+//!   does not pass cached local features.
+//! - The relation rows are softmax-normalised with a temperature
+//!   (`relation_tau`, default 1 = plain softmax, which the paper implies).
+//! - `L_CM` averages the two directions of the InfoNCE (the paper does not
+//!   say whether they are summed or averaged).
+//! - The pseudo label ỹ of a pair entering the noisy set for the first time
+//!   starts from its current `p_i` (the paper does not give ỹ⁰).
+//! - The paper does not co-teach; neither does this pipeline (one network).
+
+use candle_core::{DType, Device, Result, Tensor, D};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
+use ncclean_models::layers::log_softmax_last;
+use ncclean_models::rng::Rng;
+use ncclean_models::{
+    ImageTowerConfig, LocalOptions, MatchingModel, ModelConfig, PairInputs, ParamStore, Pooling,
+    TextTowerConfig,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::batches::shuffled_batches;
+use crate::config::TrainConfig;
+use crate::division::{CleanSide, Division};
+use crate::losses::{diagonal, per_sample_hinge};
+use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
+use crate::scoring::pair_similarity;
+
+const SCORE_CHUNK: usize = 512;
+/// Added to masked logits so padded tokens never win an argmax or a softmax.
+const MASK_OFFSET: f64 = 1e4;
+/// Pseudo-label value of a pair with no momentum history.
+const NO_HISTORY: f32 = -1.0;
+
+/// ReCon's method parameters (`[params]` of the preset).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconParams {
+    /// InfoNCE temperature τ of `L_CM` and of the matching probability `p_i`.
+    pub tau: f64,
+    /// Rough-division threshold ω1 on `y_CM`.
+    pub omega1: f64,
+    /// Refined-division threshold ω2 on `y_IM`.
+    pub omega2: f64,
+    /// Scale α of the penalty `λ = exp(y_IM/α)`.
+    pub alpha: f64,
+    /// Momentum β of the pseudo labels.
+    pub beta: f64,
+    /// Balance factor ξ of `L_CM`.
+    pub xi: f64,
+    /// Temperature of the row softmax of the relation matrices.
+    pub relation_tau: f64,
+    /// Global pooling of the local features: "gpo" (VSE∞) or "mean".
+    pub pooling: Pooling,
+}
+
+/// Build the ReCon pipeline.
+pub fn build(
+    cfg: TrainConfig,
+    model: &ModelConfig,
+    seed: u64,
+    device: &Device,
+) -> Result<Box<dyn Pipeline>> {
+    Ok(Box::new(Recon::new(cfg, model, seed, device)?))
+}
+
+/// Which part of the division a pair is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// `D_c`: rough clean and consistent intra-modal relations.
+    Clean,
+    /// `D_l`: rough clean but inconsistent relations (locally associated).
+    Local,
+    /// `D_n`: noisy.
+    Noisy,
+}
+
+/// `L_CM` per pair: `−(log P¹_ii + log P²_ii)/2` with `P¹ = row_softmax(S/τ)`
+/// and `P² = column_softmax(S/τ)`.
+pub fn infonce_per_pair(s: &Tensor, tau: f64) -> Result<Tensor> {
+    let z = (s / tau)?;
+    let rows = diagonal(&log_softmax_last(&z)?)?;
+    let cols = diagonal(&log_softmax_last(&z.t()?.contiguous()?)?)?;
+    (rows + cols)? * -0.5
+}
+
+/// Matching probability `p_i = (P¹_ii + P²_ii)/2` (METHODS.md section 0).
+pub fn matching_probability(s: &Tensor, tau: f64) -> Result<Tensor> {
+    let z = (s / tau)?;
+    let p1 = diagonal(&log_softmax_last(&z)?)?.exp()?;
+    let p2 = diagonal(&log_softmax_last(&z.t()?.contiguous()?)?)?.exp()?;
+    (p1 + p2)? * 0.5
+}
+
+/// The warm-up triplet loss, summed over the in-batch negatives (paper eq. 12):
+/// `Σ_j≠i [γ − S_ii + S_ij]+ + Σ_j≠i [γ − S_ii + S_ji]+`.
+pub fn triplet_sum(s: &Tensor, margin: f64) -> Result<Tensor> {
+    let n = s.dim(0)?;
+    per_sample_hinge(s, margin)? * (n.max(2) - 1) as f64
+}
+
+/// Row-wise KL divergence `Σ_j P_j (log P_j − log Q_j)` between the row
+/// softmaxes of logits `p` and `q` (`[…, n]` → `[…]`).
+fn row_kl(p: &Tensor, q: &Tensor) -> Result<Tensor> {
+    let lp = log_softmax_last(p)?;
+    let lq = log_softmax_last(q)?;
+    (lp.exp()? * (&lp - lq)?)?.sum(D::Minus1)
+}
+
+/// Intra-modal relation discrepancy `L_IM` of every pair (eqs. 3–4):
+/// `KL(C_VV ‖ C^p_VV) + KL(C_LL ‖ C^p_LL)`, each averaged over rows (real
+/// tokens only on the word side). `v [B, P, D]` and `l [B, T, D]` are unit
+/// local features, `mask [B, T]` marks real tokens. The argmax matchings are
+/// treated as constants; the gathered relation values carry gradients.
+pub fn intra_modal_loss(
+    v: &Tensor,
+    l: &Tensor,
+    mask: &Tensor,
+    relation_tau: f64,
+) -> Result<Tensor> {
+    let (b, p, _) = v.dims3()?;
+    let t = l.dim(1)?;
+    let lt = l.transpose(1, 2)?.contiguous()?;
+    let c_vl = v.matmul(&lt)?; // [B, P, T]
+    let c_vv = v.matmul(&v.transpose(1, 2)?.contiguous()?)?; // [B, P, P]
+    let c_ll = l.matmul(&lt)?; // [B, T, T]
+    let pad = ((mask - 1.0)? * MASK_OFFSET)?; // 0 real, −1e4 padding
+                                              // i* = the most relevant real word of every region; k* = the most relevant region of every word
+    let i_star = c_vl
+        .detach()
+        .broadcast_add(&pad.unsqueeze(1)?)?
+        .argmax(D::Minus1)?; // [B, P]
+    let k_star = c_vl.detach().argmax(1)?; // [B, T]
+
+    // C^p_VV[i, j] = C_LL[i*, j*]
+    let rows = c_ll.gather(
+        &i_star.unsqueeze(2)?.broadcast_as((b, p, t))?.contiguous()?,
+        1,
+    )?;
+    let cp_vv = rows.gather(
+        &i_star.unsqueeze(1)?.broadcast_as((b, p, p))?.contiguous()?,
+        2,
+    )?;
+    let kl_v = row_kl(&(c_vv.clone() / relation_tau)?, &(cp_vv / relation_tau)?)?.mean(1)?; // [B]
+
+    // C^p_LL[k, l] = C_VV[k*, l*]
+    let rows = c_vv.gather(
+        &k_star.unsqueeze(2)?.broadcast_as((b, t, p))?.contiguous()?,
+        1,
+    )?;
+    let cp_ll = rows.gather(
+        &k_star.unsqueeze(1)?.broadcast_as((b, t, t))?.contiguous()?,
+        2,
+    )?;
+    let col_pad = pad.unsqueeze(1)?;
+    let kl_rows = row_kl(
+        &(c_ll / relation_tau)?.broadcast_add(&col_pad)?,
+        &(cp_ll / relation_tau)?.broadcast_add(&col_pad)?,
+    )?; // [B, T]
+    let count = mask.sum(1)?.clamp(1.0, f64::MAX)?;
+    let kl_l = (kl_rows * mask)?.sum(1)?.div(&count)?;
+    kl_v + kl_l
+}
+
+/// `y_IM = log(1 + L_IM) / (1 + log(1 + L_IM))` (paper eq. 7).
+pub fn y_im(l_im: f32) -> f32 {
+    let g = l_im.max(0.0).ln_1p();
+    g / (1.0 + g)
+}
+
+/// Penalty `λ = exp(y_IM / α)` for locally-associated pairs (eq. 9).
+pub fn penalty(y_im: f32, alpha: f64) -> f32 {
+    (y_im as f64 / alpha).exp() as f32
+}
+
+/// Division (eqs. 5–8): rough clean `y_CM > ω1`; within it clean when
+/// `y_IM < ω2`, locally associated otherwise; the rest noisy.
+pub fn partition(y_cm: &[f32], y_im: &[f32], omega1: f64, omega2: f64) -> Vec<Part> {
+    y_cm.iter()
+        .zip(y_im)
+        .map(|(&c, &m)| {
+            if (c as f64) <= omega1 {
+                Part::Noisy
+            } else if (m as f64) < omega2 {
+                Part::Clean
+            } else {
+                Part::Local
+            }
+        })
+        .collect()
+}
+
+/// Labels (eqs. 10–11): 1 on `D_c ∪ D_l`; on `D_n`
+/// `ỹ ← β ỹ(old) + (1−β) p_i`, where a pair without history (`old` < 0)
+/// starts from `p_i`. Returns the new label of every pair.
+pub fn update_labels(parts: &[Part], old: &[f32], p: &[f32], beta: f64) -> Vec<f32> {
+    parts
+        .iter()
+        .zip(old.iter().zip(p))
+        .map(|(part, (&o, &pi))| match part {
+            Part::Noisy if o >= 0.0 => (beta * o as f64 + (1.0 - beta) * pi as f64) as f32,
+            Part::Noisy => pi,
+            _ => 1.0,
+        })
+        .collect()
+}
+
+/// Per-sample training loss of one batch: `ξ L_CM + L_IM` (clean),
+/// `ξ L_CM + L_IM/λ` (local), `ŷ L_CM` (noisy). `weights_im` holds 1, 1/λ or
+/// 0 and `weights_cm` holds ξ, ξ or ŷ per pair.
+pub fn recon_loss(
+    l_cm: &Tensor,
+    l_im: &Tensor,
+    weights_cm: &Tensor,
+    weights_im: &Tensor,
+) -> Result<Tensor> {
+    (l_cm * weights_cm)? + (l_im * weights_im)?
+}
+
+/// Per-pair statistics of a whole data set.
+struct Stats {
+    l_cm: Vec<f32>,
+    l_im: Vec<f32>,
+    p: Vec<f32>,
+}
+
+/// A matching network with local heads, its parameters and Adam with
+/// gradient-norm clipping. ([`crate::net::Net`] builds models without local
+/// heads, so ReCon keeps its own.)
+struct LocalNet {
+    model: MatchingModel,
+    varmap: VarMap,
+    opt: AdamW,
+    clip: f64,
+    device: Device,
+}
+
+impl LocalNet {
+    fn new(
+        config: &ModelConfig,
+        options: LocalOptions,
+        seed: u64,
+        device: &Device,
+        lr: f64,
+        clip: f64,
+    ) -> Result<Self> {
+        let mut store = ParamStore::new(seed, device);
+        let model = MatchingModel::with_options(config, options, &mut store)?;
+        let varmap = store.into_varmap();
+        let params = ParamsAdamW {
+            lr,
+            weight_decay: 0.0,
+            ..ParamsAdamW::default()
+        };
+        let opt = AdamW::new(varmap.all_vars(), params)?;
+        Ok(LocalNet {
+            model,
+            varmap,
+            opt,
+            clip,
+            device: device.clone(),
+        })
+    }
+
+    /// `(S [B, B], L_IM [B])` of the pairs `idx`, with gradients.
+    fn forward(
+        &self,
+        data: &PairInputs,
+        idx: &[usize],
+        relation_tau: f64,
+    ) -> Result<(Tensor, Tensor)> {
+        let (gi, li) = self
+            .model
+            .embed_images_local(&data.images.batch(idx, &self.device)?)?;
+        let (gt, lt, mask) = self
+            .model
+            .embed_texts_local(&data.texts.batch(idx, &self.device)?)?;
+        let s = gi.matmul(&gt.t()?)?;
+        Ok((s, intra_modal_loss(&li, &lt, &mask, relation_tau)?))
+    }
+
+    fn embed_all(&self, data: &PairInputs) -> Result<(Tensor, Tensor)> {
+        let idx: Vec<usize> = (0..data.len()).collect();
+        let (mut is, mut ts) = (Vec::new(), Vec::new());
+        for c in idx.chunks(SCORE_CHUNK) {
+            is.push(
+                self.model
+                    .embed_images(&data.images.batch(c, &self.device)?)?
+                    .detach(),
+            );
+            ts.push(
+                self.model
+                    .embed_texts(&data.texts.batch(c, &self.device)?)?
+                    .detach(),
+            );
+        }
+        if is.is_empty() {
+            candle_core::bail!("no pairs to embed");
+        }
+        Ok((Tensor::cat(&is, 0)?, Tensor::cat(&ts, 0)?))
+    }
+
+    fn step(&mut self, loss: &Tensor) -> Result<()> {
+        let mut grads = loss.backward()?;
+        let vars = self.varmap.all_vars();
+        let mut sq = 0f64;
+        for v in &vars {
+            if let Some(g) = grads.get(v.as_tensor()) {
+                sq += g
+                    .sqr()?
+                    .sum_all()?
+                    .to_dtype(DType::F64)?
+                    .to_scalar::<f64>()?;
+            }
+        }
+        let norm = sq.sqrt();
+        if self.clip > 0.0 && norm > self.clip {
+            let scale = self.clip / (norm + 1e-6);
+            for v in &vars {
+                if let Some(g) = grads.remove(v.as_tensor()) {
+                    grads.insert(v.as_tensor(), (g * scale)?);
+                }
+            }
+        }
+        self.opt.step(&grads)
+    }
+}
+
+/// The ReCon pipeline.
+pub struct Recon {
+    cfg: TrainConfig,
+    params: ReconParams,
+    seed: u64,
+    net: LocalNet,
+    division: Option<Division>,
+    /// Momentum pseudo labels ỹ of the pairs currently noisy (−1 = no history).
+    labels: Vec<f32>,
+}
+
+impl Recon {
+    /// A fresh pipeline; the model gets local heads and the configured pooling.
+    pub fn new(cfg: TrainConfig, model: &ModelConfig, seed: u64, device: &Device) -> Result<Self> {
+        let params: ReconParams = cfg
+            .method_params("recon")
+            .map_err(candle_core::Error::Msg)?;
+        // Fail before training rather than at the first batch.
+        let demo_image = matches!(model.image, ImageTowerConfig::DemoCnn { .. });
+        let demo_text = matches!(model.text, TextTowerConfig::DemoBow { .. });
+        if !(demo_image && demo_text) {
+            candle_core::bail!(
+                "recon needs local features (image regions and caption tokens); only the demo CNN and \
+                 bag-of-words towers provide them today, precomputed or cached global embeddings do not"
+            );
+        }
+        let options = LocalOptions {
+            local: true,
+            pooling: params.pooling,
+        };
+        let net = LocalNet::new(model, options, seed, device, cfg.lr, cfg.grad_clip)?;
+        Ok(Recon {
+            cfg,
+            params,
+            seed,
+            net,
+            division: None,
+            labels: Vec::new(),
+        })
+    }
+
+    fn lr_at(&self, epoch: usize) -> f64 {
+        let decays = self
+            .cfg
+            .lr_decay_epochs
+            .iter()
+            .filter(|&&e| epoch >= e)
+            .count();
+        self.cfg.lr * self.cfg.lr_decay.powi(decays as i32)
+    }
+
+    /// `L_CM`, `p_i` (averaged over `division_shuffles` shuffled batchings
+    /// from `rng`, as both depend on the batch) and `L_IM` of every pair,
+    /// without training.
+    fn stats(&self, data: &PairInputs, rng: &mut Rng) -> Result<Stats> {
+        let n = data.len();
+        let all: Vec<usize> = (0..n).collect();
+        let shuffles = self.cfg.division_shuffles.max(1);
+        let (mut l_cm, mut l_im, mut p) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+        for k in 0..shuffles {
+            for b in shuffled_batches(&all, self.cfg.batch_size, rng) {
+                let (s, im) = self.net.forward(data, &b, self.params.relation_tau)?;
+                let s = s.detach();
+                let cm: Vec<f32> = infonce_per_pair(&s, self.params.tau)?.to_vec1()?;
+                let pb: Vec<f32> = matching_probability(&s, self.params.tau)?.to_vec1()?;
+                // L_IM involves one pair only: the first batching suffices
+                let im: Vec<f32> = if k == 0 {
+                    im.detach().to_vec1()?
+                } else {
+                    Vec::new()
+                };
+                for (j, &i) in b.iter().enumerate() {
+                    l_cm[i] += cm[j] / shuffles as f32;
+                    p[i] += pb[j] / shuffles as f32;
+                    if let Some(&v) = im.get(j) {
+                        l_im[i] = v;
+                    }
+                }
+            }
+        }
+        Ok(Stats { l_cm, l_im, p })
+    }
+
+    fn score_rng(&self) -> Rng {
+        Rng::derive(self.seed, "score-shuffles")
+    }
+
+    fn fit_division(&self, l_cm: &[f32]) -> Division {
+        Division::fit(l_cm, self.cfg.mixture, CleanSide::LowMean)
+    }
+}
+
+impl Pipeline for Recon {
+    fn method(&self) -> &'static str {
+        "recon"
+    }
+
+    fn total_epochs(&self) -> usize {
+        self.cfg.epochs
+    }
+
+    fn run_epoch(
+        &mut self,
+        epoch: usize,
+        data: &PairInputs,
+        obs: &mut dyn Observer,
+    ) -> Result<EpochStats> {
+        self.net.opt.set_learning_rate(self.lr_at(epoch));
+        let n = data.len();
+        let mut rng = Rng::derive(self.seed, &format!("epoch-{epoch}"));
+        let warmup = epoch < self.cfg.warmup_epochs;
+        let prm = self.params.clone();
+        // per pair: weight of L_CM and weight of L_IM
+        let (w_cm, w_im, clean_fraction, stage) = if warmup {
+            (Vec::new(), Vec::new(), None, "warm-up".to_string())
+        } else {
+            let st = self.stats(data, &mut rng)?;
+            let div = self.fit_division(&st.l_cm);
+            let y_cm = div.clean_prob(&st.l_cm);
+            let y_ims: Vec<f32> = st.l_im.iter().map(|&v| y_im(v)).collect();
+            let parts = partition(&y_cm, &y_ims, prm.omega1, prm.omega2);
+            if self.labels.len() != n {
+                self.labels = vec![NO_HISTORY; n];
+            }
+            let labels = update_labels(&parts, &self.labels, &st.p, prm.beta);
+            // keep momentum history only for pairs currently noisy
+            self.labels = parts
+                .iter()
+                .zip(&labels)
+                .map(|(part, &y)| if *part == Part::Noisy { y } else { NO_HISTORY })
+                .collect();
+            let mut w_cm = vec![0f32; n];
+            let mut w_im = vec![0f32; n];
+            for i in 0..n {
+                match parts[i] {
+                    Part::Clean => (w_cm[i], w_im[i]) = (prm.xi as f32, 1.0),
+                    Part::Local => {
+                        (w_cm[i], w_im[i]) = (prm.xi as f32, 1.0 / penalty(y_ims[i], prm.alpha))
+                    }
+                    Part::Noisy => (w_cm[i], w_im[i]) = (labels[i], 0.0),
+                }
+            }
+            let count = |k: Part| parts.iter().filter(|p| **p == k).count();
+            let (c, l) = (count(Part::Clean), count(Part::Local));
+            // The split between D_c and D_l has no field in EpochStats; the
+            // stage name carries it into the logs.
+            let stage = format!(
+                "train ({c} clean, {l} locally associated, {} noisy)",
+                n - c - l
+            );
+            (w_cm, w_im, Some((c + l) as f64 / n.max(1) as f64), stage)
+        };
+        let all: Vec<usize> = (0..n).collect();
+        let batches = shuffled_batches(&all, self.cfg.batch_size, &mut rng);
+        obs.start(&stage, batches.len() as u64);
+        let mut total = 0f64;
+        for b in &batches {
+            let loss = if warmup {
+                let s = self.net.forward(data, b, prm.relation_tau)?.0;
+                triplet_sum(&s, self.cfg.margin)?.mean_all()?
+            } else {
+                let (s, im) = self.net.forward(data, b, prm.relation_tau)?;
+                let cm = infonce_per_pair(&s, prm.tau)?;
+                let dev = &self.net.device;
+                let wc =
+                    Tensor::from_vec(b.iter().map(|&i| w_cm[i]).collect::<Vec<_>>(), b.len(), dev)?;
+                let wi =
+                    Tensor::from_vec(b.iter().map(|&i| w_im[i]).collect::<Vec<_>>(), b.len(), dev)?;
+                recon_loss(&cm, &im, &wc, &wi)?.mean_all()?
+            };
+            total += loss.to_scalar::<f32>()? as f64;
+            self.net.step(&loss)?;
+            obs.advance(1);
+        }
+        obs.finish();
+        Ok(EpochStats {
+            epoch,
+            phase: if warmup { "warmup" } else { "train" }.to_string(),
+            loss: total / batches.len().max(1) as f64,
+            clean_fraction,
+            pairs: n,
+        })
+    }
+
+    fn finalize(&mut self, data: &PairInputs, obs: &mut dyn Observer) -> Result<()> {
+        obs.start("final division", 1);
+        let st = self.stats(data, &mut self.score_rng())?;
+        self.division = Some(self.fit_division(&st.l_cm));
+        obs.advance(1);
+        obs.finish();
+        Ok(())
+    }
+
+    fn score(&self, data: &PairInputs, refit: bool, obs: &mut dyn Observer) -> Result<PairScores> {
+        obs.start("scoring", 1);
+        let st = self.stats(data, &mut self.score_rng())?;
+        let refitted;
+        let div = if refit {
+            refitted = self.fit_division(&st.l_cm);
+            &refitted
+        } else {
+            self.division.as_ref().ok_or_else(|| {
+                candle_core::Error::Msg(
+                    "this pipeline has no fitted division; run fit first".into(),
+                )
+            })?
+        };
+        let clean_prob = div.clean_prob(&st.l_cm);
+        // The label rule once: D_c ∪ D_l → 1, D_n → p_i (no momentum history).
+        let soft_label = clean_prob
+            .iter()
+            .zip(&st.p)
+            .map(|(&c, &p)| {
+                if (c as f64) > self.params.omega1 {
+                    1.0
+                } else {
+                    p
+                }
+            })
+            .collect();
+        let (vi, vt) = self.net.embed_all(data)?;
+        let similarity = pair_similarity(&vi, &vt)?;
+        obs.advance(1);
+        obs.finish();
+        Ok(PairScores {
+            clean_prob,
+            soft_label,
+            similarity,
+            statistic: st.l_cm,
+        })
+    }
+
+    fn embed(&self, data: &PairInputs) -> Result<Vec<(Tensor, Tensor)>> {
+        Ok(vec![self.net.embed_all(data)?])
+    }
+
+    fn weights(&self) -> Vec<(String, &VarMap)> {
+        vec![("net0".to_string(), &self.net.varmap)]
+    }
+
+    fn weights_mut(&mut self) -> Vec<(String, &mut VarMap)> {
+        vec![("net0".to_string(), &mut self.net.varmap)]
+    }
+
+    fn state(&self) -> serde_json::Value {
+        serde_json::json!({
+            "division": self.division,
+            "division_statistic": format!(
+                "per-pair symmetric InfoNCE L_CM (tau {}) averaged over {} shuffles of batch {}",
+                self.params.tau, self.cfg.division_shuffles, self.cfg.batch_size
+            ),
+            "soft_label_rule": "1 if clean_prob > omega1 else p_i, applied once on the scored data",
+        })
+    }
+
+    fn pair_state(&self) -> Vec<(String, Vec<f32>)> {
+        vec![("pseudo_labels".to_string(), self.labels.clone())]
+    }
+
+    fn load_state(
+        &mut self,
+        state: &serde_json::Value,
+        pairs: Vec<(String, Vec<f32>)>,
+    ) -> Result<()> {
+        self.division = serde_json::from_value(state["division"].clone()).map_err(|e| {
+            candle_core::Error::Msg(format!("checkpoint state has no valid division: {e}"))
+        })?;
+        for (name, v) in pairs {
+            if name == "pseudo_labels" {
+                self.labels = v;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Var;
+
+    fn close(a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
+        }
+    }
+
+    fn s3() -> Tensor {
+        // S = [[0.9, 0.5, 0.1],
+        //      [0.2, 0.3, 0.6],
+        //      [0.4, 0.0, 0.8]]
+        Tensor::new(
+            &[[0.9f32, 0.5, 0.1], [0.2, 0.3, 0.6], [0.4, 0.0, 0.8]],
+            &Device::Cpu,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn infonce_and_matching_probability_hand_computed() -> Result<()> {
+        // τ = 0.1, logits S/τ. Pair 0: row [9, 5, 1] → log P¹_00 = −ln(1 + e⁻⁴ + e⁻⁸) = −0.018664;
+        // column [9, 2, 4] → log P²_00 = −ln(1 + e⁻⁷ + e⁻⁵) = −0.007637; L_CM = 0.013150.
+        // Pair 1: row [2, 3, 6] → −ln(e⁻¹ + 1 + e³) = −3.3490; column [5, 3, 0] → −2.1498;
+        //   L_CM = 2.59936. Pair 2: row [4, 0, 8] → −0.018150; column [1, 6, 8] → −0.128060; L_CM = 0.073105.
+        // p_i = (P¹_ii + P²_ii)/2 = [0.987049, 0.082556, 0.930890].
+        let l: Vec<f32> = infonce_per_pair(&s3(), 0.1)?.to_vec1()?;
+        close(&l, &[0.01305001, 2.5993646, 0.07310509]);
+        let p: Vec<f32> = matching_probability(&s3(), 0.1)?.to_vec1()?;
+        close(&p, &[0.9870493, 0.08255614, 0.9308903]);
+        Ok(())
+    }
+
+    #[test]
+    fn warmup_triplet_sums_over_negatives() -> Result<()> {
+        // margin 0.2; pair 1: rows [0.2−0.3+0.2] + [0.2−0.3+0.6] = 0.1 + 0.5,
+        // columns [0.2−0.3+0.5] + [0.2−0.3+0.0]+ = 0.4 → 1.0; pairs 0 and 2 have no violation.
+        let l: Vec<f32> = triplet_sum(&s3(), 0.2)?.to_vec1()?;
+        close(&l, &[0.0, 1.0, 0.0]);
+        Ok(())
+    }
+
+    #[test]
+    fn intra_modal_loss_hand_computed_with_padding() -> Result<()> {
+        let dev = Device::Cpu;
+        // Pair 0: regions v0 = (1,0), v1 = (0,1); words l0 = (1,0), l1 = (0.6,0.8), and a padded
+        // l2 = (0,1) that would otherwise be v1's best word (1 > 0.8).
+        //   C_VL = [[1, 0.6], [0, 0.8]] → i* = [0, 1], k* = [0, 1].
+        //   C_VV = I, C_LL = [[1, 0.6], [0.6, 1]]; C^p_VV = C_LL, C^p_LL = C_VV = I.
+        //   row 0: KL(softmax[1,0] ‖ softmax[1,0.6]) = 0.038389 (both rows alike);
+        //   KL(softmax[1,0.6] ‖ softmax[1,0]) = 0.041034 → L_IM = 0.079423.
+        // Pair 1: v0 = (1,0), v1 = (0.8,0.6); l0 = (1,0), l1 = (0,1), l2 padded.
+        //   C_VL = [[1, 0], [0.8, 0.6]] → i* = [0, 0] (C^p_VV all C_LL[0,0] = 1: uniform rows),
+        //   k* = [0, 1] (C^p_LL = C_VV = [[1, 0.8], [0.8, 1]]); C_LL = I.
+        //   KL(softmax[1,0.8] ‖ uniform) = 0.004975; KL(softmax[1,0] ‖ softmax[1,0.8]) = 0.069724
+        //   → L_IM = 0.074699.
+        let v = Var::new(&[[[1f32, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.8, 0.6]]], &dev)?;
+        let l = Var::new(
+            &[
+                [[1f32, 0.0], [0.6, 0.8], [0.0, 1.0]],
+                [[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]],
+            ],
+            &dev,
+        )?;
+        let mask = Tensor::new(&[[1f32, 1.0, 0.0], [1.0, 1.0, 0.0]], &dev)?;
+        let im = intra_modal_loss(v.as_tensor(), l.as_tensor(), &mask, 1.0)?;
+        close(&im.to_vec1::<f32>()?, &[0.07942255, 0.07469916]);
+        // both modalities' local features train through it; padding gets nothing
+        let grads = im.sum_all()?.backward()?;
+        let gv: f32 = grads
+            .get(&v)
+            .expect("grad v")
+            .abs()?
+            .sum_all()?
+            .to_scalar()?;
+        let gl: Vec<Vec<Vec<f32>>> = grads.get(&l).expect("grad l").to_vec3()?;
+        assert!(gv > 0.0);
+        assert!(gl[0][1].iter().any(|x| x.abs() > 0.0));
+        assert_eq!(gl[0][2], vec![0.0, 0.0]);
+        Ok(())
+    }
+
+    #[test]
+    fn division_labels_and_loss_weights() -> Result<()> {
+        // y_IM(L_IM = 1) = ln 2 / (1 + ln 2) = 0.409384; λ = exp(0.409384 / 0.1) = 59.9697
+        assert!((y_im(1.0) - 0.409_383_9).abs() < 1e-6);
+        assert!((penalty(y_im(1.0), 0.1) - 59.969_67).abs() < 1e-3);
+        assert_eq!(y_im(0.0), 0.0);
+        // ω1 = ω2 = 0.5: y_CM ≤ 0.5 → noisy; else y_IM < 0.5 → clean, ≥ 0.5 → local
+        let parts = partition(
+            &[0.9, 0.8, 0.3, 0.6, 0.5],
+            &[0.2, 0.7, 0.1, 0.5, 0.0],
+            0.5,
+            0.5,
+        );
+        assert_eq!(
+            parts,
+            vec![
+                Part::Clean,
+                Part::Local,
+                Part::Noisy,
+                Part::Local,
+                Part::Noisy
+            ]
+        );
+        // β = 0.6: pair 2 has history 0.5 and p = 0.2 → 0.6·0.5 + 0.4·0.2 = 0.38;
+        // pair 4 has none → starts at its p = 0.3; clean and local pairs → 1
+        let y = update_labels(
+            &parts,
+            &[-1.0, 0.5, 0.5, -1.0, -1.0],
+            &[0.9, 0.9, 0.2, 0.1, 0.3],
+            0.6,
+        );
+        close(&y, &[1.0, 1.0, 0.38, 1.0, 0.3]);
+        // L_c = 5·1 + 0.5 = 5.5; L_l = 5·2 + 0.5/e⁵ = 10.003369; L_n = 0.4·3 = 1.2
+        let dev = Device::Cpu;
+        let l_cm = Tensor::new(&[1f32, 2.0, 3.0], &dev)?;
+        let l_im = Tensor::new(&[0.5f32, 0.5, 0.5], &dev)?;
+        let wc = Tensor::new(&[5f32, 5.0, 0.4], &dev)?;
+        let wi = Tensor::new(&[1.0, 1.0 / penalty(0.5, 0.1), 0.0], &dev)?;
+        close(
+            &recon_loss(&l_cm, &l_im, &wc, &wi)?.to_vec1()?,
+            &[5.5, 10.003369, 1.2],
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn precomputed_towers_are_rejected_up_front() {
+        let cfg = crate::config::resolve("recon", None, &toml::Table::new()).expect("preset");
+        let model = ModelConfig {
+            image: ImageTowerConfig::Precomputed { dim: 4 },
+            text: TextTowerConfig::Precomputed { dim: 4 },
+            joint_dim: 4,
+            hidden: 4,
+        };
+        let err = build(cfg, &model, 0, &Device::Cpu)
+            .err()
+            .expect("must fail")
+            .to_string();
+        assert!(err.contains("needs local features"), "{err}");
+    }
+
+    #[test]
+    fn every_parameter_is_trained_by_the_recon_losses() -> Result<()> {
+        use ncclean_models::{ImageInputs, TextInputs};
+        let dev = Device::Cpu;
+        let cfg = ModelConfig {
+            image: ImageTowerConfig::DemoCnn {
+                image_size: 16,
+                width: 4,
+            },
+            text: TextTowerConfig::DemoBow {
+                vocab_size: 12,
+                dim: 6,
+            },
+            joint_dim: 5,
+            hidden: 7,
+        };
+        let options = LocalOptions {
+            local: true,
+            pooling: Pooling::Gpo,
+        };
+        let net = LocalNet::new(&cfg, options, 2, &dev, 1e-3, 2.0)?;
+        let data = PairInputs {
+            images: ImageInputs::Pixels {
+                data: (0..3 * 3 * 256).map(|i| (i * 13 % 251) as u8).collect(),
+                size: 16,
+            },
+            texts: TextInputs::Tokens(vec![vec![2, 3], vec![4, 5, 6], vec![7, 8, 9, 10]]),
+        };
+        let (s, im) = net.forward(&data, &[0, 1, 2], 1.0)?;
+        let cm = infonce_per_pair(&s, 0.1)?;
+        let wc = Tensor::new(&[5f32, 5.0, 0.5], &dev)?;
+        let wi = Tensor::new(&[1f32, 0.5, 0.0], &dev)?;
+        let loss = recon_loss(&cm, &im, &wc, &wi)?.mean_all()?;
+        let grads = loss.backward()?;
+        for (name, var) in net.varmap.data().lock().expect("lock").iter() {
+            let g = grads
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("no gradient for {name}"));
+            let total: f32 = g.abs()?.sum_all()?.to_scalar()?;
+            assert!(total > 0.0, "zero gradient for {name}");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,289 @@
+//! Which towers turn images and captions into features, and loading them.
+//!
+//! The choice is made once at `fit` (flags, or defaults from the data) and
+//! recorded in the checkpoint, so `score` rebuilds the same towers.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use ncclean_models::bert_text::BertTextTower;
+use ncclean_models::clip_tower::ClipTower;
+use ncclean_models::mobilenet_v2::MobileNetV2;
+use ncclean_models::preprocess::ImagePreprocess;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::data::{ImageKind, InputSet};
+use crate::error::{invalid, Error, Result};
+
+/// Image tower choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum ImageEncoder {
+    /// torchvision MobileNetV2 (ImageNet), frozen: 1280-d pooled + 7×7 grid. Needs --image-model PATH/model.safetensors.
+    #[value(name = "mobilenet_v2")]
+    MobilenetV2,
+    /// CLIP vision tower, frozen. Needs --image-model DIR or hub id.
+    Clip,
+    /// Embeddings already in the image column (list<float>).
+    Precomputed,
+    /// A compact CNN trained from scratch on small pixels (demo data).
+    #[value(name = "demo-cnn")]
+    #[serde(rename = "demo-cnn")]
+    DemoCnn,
+}
+
+/// Text tower choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TextEncoder {
+    /// all-MiniLM-L6-v2 (BERT), frozen: 384-d masked mean pool + tokens. --text-model DIR or hub id
+    /// (default: scripts/fetch_minilm.sh's cache, then the Hugging Face cache).
+    Minilm,
+    /// CLIP text tower, frozen. Needs --text-model (defaults to --image-model).
+    Clip,
+    /// A bag of word embeddings trained from scratch over the captions' vocabulary (demo data).
+    #[value(name = "demo-bow")]
+    #[serde(rename = "demo-bow")]
+    DemoBow,
+}
+
+/// The resolved tower choice, stored in checkpoints and run.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EncoderSpec {
+    /// Image tower.
+    pub image: ImageEncoder,
+    /// Text tower.
+    pub text: TextEncoder,
+    /// Weights of the image tower (file or directory or hub id), if pretrained.
+    pub image_model: Option<String>,
+    /// Weights of the text tower (directory or hub id), if pretrained.
+    pub text_model: Option<String>,
+}
+
+impl EncoderSpec {
+    /// Resolve flags against the data: an embedding column means
+    /// `precomputed`, other images `demo-cnn`; captions `demo-bow`.
+    pub fn resolve(
+        input: &InputSet,
+        image: Option<ImageEncoder>,
+        text: Option<TextEncoder>,
+        image_model: Option<String>,
+        text_model: Option<String>,
+    ) -> Result<EncoderSpec> {
+        let is_embedding = input.columns.image_kind == ImageKind::Embedding;
+        let image = image.unwrap_or(if is_embedding { ImageEncoder::Precomputed } else { ImageEncoder::DemoCnn });
+        match (image, is_embedding) {
+            (ImageEncoder::Precomputed, false) => {
+                return Err(Error::Usage(format!(
+                    "--image-encoder precomputed needs a list<float> image column, but {:?} holds images; \
+                     choose mobilenet_v2, clip or demo-cnn",
+                    input.columns.image
+                )))
+            }
+            (ImageEncoder::Precomputed, true) => {}
+            (_, true) => {
+                return Err(Error::Usage(format!(
+                    "the image column {:?} holds embeddings; use --image-encoder precomputed",
+                    input.columns.image
+                )))
+            }
+            _ => {}
+        }
+        let text = text.unwrap_or(TextEncoder::DemoBow);
+        let image_model = match image {
+            ImageEncoder::MobilenetV2 | ImageEncoder::Clip => Some(image_model.ok_or_else(|| {
+                Error::Usage(format!(
+                    "--image-encoder {} needs --image-model (a {} path)",
+                    image.name(),
+                    if image == ImageEncoder::Clip { "model directory or hub id" } else { "model.safetensors" }
+                ))
+            })?),
+            _ => None,
+        };
+        let text_model = match text {
+            TextEncoder::Minilm => Some(match text_model {
+                Some(m) => m,
+                None => ncclean_models::hf_dir::default_minilm_dir()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| ncclean_models::hf_dir::MINILM_HUB_ID.to_string()),
+            }),
+            TextEncoder::Clip => Some(text_model.or_else(|| image_model.clone()).ok_or_else(|| {
+                Error::Usage("--text-encoder clip needs --text-model (a CLIP model directory or hub id)".into())
+            })?),
+            TextEncoder::DemoBow => None,
+        };
+        Ok(EncoderSpec {
+            image,
+            text,
+            image_model,
+            text_model,
+        })
+    }
+
+    /// True when a frozen pretrained tower is involved (features are cached).
+    pub fn uses_towers(&self) -> bool {
+        matches!(self.image, ImageEncoder::MobilenetV2 | ImageEncoder::Clip)
+            || matches!(self.text, TextEncoder::Minilm | TextEncoder::Clip)
+    }
+}
+
+impl ImageEncoder {
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            ImageEncoder::MobilenetV2 => "mobilenet_v2",
+            ImageEncoder::Clip => "clip",
+            ImageEncoder::Precomputed => "precomputed",
+            ImageEncoder::DemoCnn => "demo-cnn",
+        }
+    }
+}
+
+/// A loaded frozen image tower.
+pub enum ImageTower {
+    /// MobileNetV2.
+    MobileNet(Box<MobileNetV2>, String),
+    /// CLIP vision.
+    Clip(Box<ClipTower>),
+}
+
+/// A loaded frozen text tower.
+pub enum TextTower {
+    /// BERT / MiniLM.
+    Bert(Box<BertTextTower>),
+    /// CLIP text.
+    Clip(Box<ClipTower>),
+}
+
+/// Global features `[B, D]` and local features `[B, P, D]` of a batch.
+pub struct TowerOutput {
+    /// One vector per item.
+    pub global: Tensor,
+    /// Local features (grid cells / patches / tokens).
+    pub local: Tensor,
+    /// Token mask `[B, P]` for text (None for images: every cell is real).
+    pub mask: Option<Tensor>,
+}
+
+fn load_err(what: &str, spec: &str, e: impl std::fmt::Display) -> Error {
+    invalid(format!("cannot load the {what} from {spec}: {e}"))
+}
+
+impl ImageTower {
+    /// Load the tower named by `spec` (None for trainable/precomputed towers).
+    pub fn load(spec: &EncoderSpec, device: &Device) -> Result<Option<ImageTower>> {
+        let model = spec.image_model.clone().unwrap_or_default();
+        Ok(match spec.image {
+            ImageEncoder::MobilenetV2 => {
+                let path = PathBuf::from(&model);
+                let net = MobileNetV2::load(&path, device).map_err(|e| load_err("MobileNetV2 weights", &model, e))?;
+                let tag = format!("mobilenet_v2-{}", file_sha256(&path)?);
+                Some(ImageTower::MobileNet(Box::new(net), tag))
+            }
+            ImageEncoder::Clip => Some(ImageTower::Clip(Box::new(
+                ClipTower::from_spec(&model, device).map_err(|e| load_err("CLIP model", &model, e))?,
+            ))),
+            _ => None,
+        })
+    }
+
+    /// Preprocessing the tower expects.
+    pub fn preprocess(&self) -> ImagePreprocess {
+        match self {
+            ImageTower::MobileNet(..) => MobileNetV2::preprocess(),
+            ImageTower::Clip(c) => ImagePreprocess {
+                size: c.image_size() as u32,
+                ..ImagePreprocess::clip()
+            },
+        }
+    }
+
+    /// Stable id of weights and preprocessing, for the feature cache.
+    pub fn cache_tag(&self) -> String {
+        let base = match self {
+            ImageTower::MobileNet(_, tag) => tag.clone(),
+            ImageTower::Clip(c) => c.cache_tag(),
+        };
+        format!("{base}|{}", self.preprocess().cache_tag())
+    }
+
+    /// Forward a batch of preprocessed pixels `[B, 3, S, S]`.
+    pub fn forward(&self, pixels: &Tensor) -> candle_core::Result<TowerOutput> {
+        match self {
+            ImageTower::MobileNet(m, _) => {
+                let out = m.forward(pixels)?;
+                Ok(TowerOutput {
+                    global: out.pooled,
+                    local: out.grid,
+                    mask: None,
+                })
+            }
+            ImageTower::Clip(c) => {
+                let (patches, global) = c.image_features(pixels)?;
+                Ok(TowerOutput {
+                    global,
+                    local: patches,
+                    mask: None,
+                })
+            }
+        }
+    }
+}
+
+impl TextTower {
+    /// Load the tower named by `spec` (None for the trainable demo tower).
+    pub fn load(spec: &EncoderSpec, device: &Device) -> Result<Option<TextTower>> {
+        let model = spec.text_model.clone().unwrap_or_default();
+        Ok(match spec.text {
+            TextEncoder::Minilm => Some(TextTower::Bert(Box::new(BertTextTower::from_spec(&model, device).map_err(
+                |e| {
+                    invalid(format!(
+                        "cannot load MiniLM from {model}: {e}. Run `bash scripts/fetch_minilm.sh` or pass --text-model DIR"
+                    ))
+                },
+            )?))),
+            TextEncoder::Clip => Some(TextTower::Clip(Box::new(
+                ClipTower::from_spec(&model, device).map_err(|e| load_err("CLIP model", &model, e))?,
+            ))),
+            TextEncoder::DemoBow => None,
+        })
+    }
+
+    /// Stable id of weights and tokenizer, for the feature cache.
+    pub fn cache_tag(&self) -> String {
+        match self {
+            TextTower::Bert(b) => b.cache_tag(),
+            TextTower::Clip(c) => format!("clip-text-{}", c.cache_tag()),
+        }
+    }
+
+    /// Forward a batch of captions.
+    pub fn forward(&self, texts: &[&str]) -> candle_core::Result<TowerOutput> {
+        match self {
+            TextTower::Bert(b) => {
+                let f = b.forward(texts)?;
+                Ok(TowerOutput {
+                    global: f.pooled,
+                    local: f.tokens,
+                    mask: Some(f.mask),
+                })
+            }
+            TextTower::Clip(c) => {
+                let (tokens, mask, global) = c.text_features(texts)?;
+                Ok(TowerOutput {
+                    global,
+                    local: tokens,
+                    mask: Some(mask),
+                })
+            }
+        }
+    }
+}
+
+/// sha256 prefix of a file's content (weights are small enough to hash).
+fn file_sha256(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
+    Ok(crate::checkpoint::hex(&Sha256::digest(&bytes))[..16].to_string())
+}
