@@ -15,7 +15,7 @@ rate=${2:-0.2}
 shift $(( $# > 2 ? 2 : $# )) || true
 shared=${NCCLEAN_SHARED:-../shared}
 out=target/flickr8k
-profile=${PROFILE:-release}
+profile=${PROFILE:-dev}
 
 [ -d "$shared/data/flickr8k" ] || { echo "no $shared/data/flickr8k: set NCCLEAN_SHARED" >&2; exit 3; }
 bash scripts/fetch_minilm.sh >/dev/null
@@ -33,7 +33,7 @@ run="$out/runs/$method-$rate"
 towers=(--image-encoder mobilenet_v2 --image-model "$shared/models/mobilenet_v2/model.safetensors" --text-encoder minilm --cache-dir "$out/cache")
 
 start=$(date +%s.%N)
-$ncclean fit "$train" --method "$method" --out-dir "$run" "${towers[@]}" "$@"
+$ncclean fit "$train" --method "$method" --out-dir "$run" "${towers[@]}" --config examples/configs/flickr8k.toml "$@"
 end=$(date +%s.%N)
 echo "fit wall time: $(echo "$end - $start" | bc) s"
 if [ "$rate" != 0 ]; then

@@ -20,10 +20,18 @@ const ROW_GROUP: usize = 2000;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let src = PathBuf::from(args.first().map(String::as_str).unwrap_or("../shared/data/flickr8k"));
+    let src = PathBuf::from(
+        args.first()
+            .map(String::as_str)
+            .unwrap_or("../shared/data/flickr8k"),
+    );
     let out = PathBuf::from(args.get(1).map(String::as_str).unwrap_or("target/flickr8k"));
     if !src.join("captions.tsv").is_file() {
-        return Err(format!("{}: no captions.tsv; pass the Flickr8k directory as the first argument", src.display()).into());
+        return Err(format!(
+            "{}: no captions.tsv; pass the Flickr8k directory as the first argument",
+            src.display()
+        )
+        .into());
     }
     std::fs::create_dir_all(&out)?;
     let tsv = std::fs::read_to_string(src.join("captions.tsv"))?;
@@ -31,7 +39,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (n, line) in tsv.lines().enumerate().skip(1) {
         let mut parts = line.splitn(3, '\t');
         let (Some(img), Some(idx), Some(cap)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(format!("captions.tsv line {}: expected image<TAB>index<TAB>caption", n + 1).into());
+            return Err(format!(
+                "captions.tsv line {}: expected image<TAB>index<TAB>caption",
+                n + 1
+            )
+            .into());
         };
         captions.entry(img).or_default().push((idx.parse()?, cap));
     }
@@ -40,7 +52,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     for split in ["train", "dev", "test"] {
         let list = std::fs::read_to_string(src.join("splits").join(format!("{split}.txt")))?;
-        let images: Vec<&str> = list.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        let images: Vec<&str> = list
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
         let path = out.join(format!("{split}.parquet"));
         let rows = write_split(&src, &images, &captions, &path)?;
         println!("{}: {} images, {rows} pairs", path.display(), images.len());
@@ -60,7 +76,10 @@ fn write_split(
         Field::new("caption", DataType::Utf8, false),
     ]));
     let mut meta = BTreeMap::new();
-    meta.insert("source".to_string(), "Flickr8k (Hodosh et al. 2013), research use only".to_string());
+    meta.insert(
+        "source".to_string(),
+        "Flickr8k (Hodosh et al. 2013), research use only".to_string(),
+    );
     let mut w = AtomicParquetWriter::create(path, schema.clone(), &meta)?;
     let (mut keys, mut bytes, mut caps) = (Vec::new(), Vec::new(), Vec::new());
     let mut rows = 0;

@@ -6,8 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-demo-out}
 pairs=${2:-2000}
-cargo build --release --quiet
-bin=target/release/ncclean
+# The dev profile optimises dependencies at -O3 (Cargo.toml), so it runs fast
+# and shares its build with `cargo test`. For an installed binary:
+# cargo install --path .
+cargo build --quiet
+bin=target/debug/ncclean
 mkdir -p "$out"
 
 $bin demo --out "$out" --pairs "$pairs" --seed 0

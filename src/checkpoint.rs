@@ -55,15 +55,18 @@ pub struct CheckpointState {
 /// Write a checkpoint for `pipeline` into `dir` (replacing it atomically).
 pub fn save(dir: &Path, state: &CheckpointState, pipeline: &dyn Pipeline) -> Result<()> {
     let parent = dir.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    std::fs::create_dir_all(parent)
+        .with_context(|| format!("cannot create {}", parent.display()))?;
     let tmp = tmp_dir(dir);
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).with_context(|| format!("cannot remove {}", tmp.display()))?;
+        std::fs::remove_dir_all(&tmp)
+            .with_context(|| format!("cannot remove {}", tmp.display()))?;
     }
     std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     for (name, vm) in pipeline.weights() {
         let p = tmp.join(format!("{name}.safetensors"));
-        vm.save(&p).with_context(|| format!("cannot write {}", p.display()))?;
+        vm.save(&p)
+            .with_context(|| format!("cannot write {}", p.display()))?;
     }
     let mut pairs: HashMap<String, Tensor> = HashMap::new();
     for (name, v) in pipeline.pair_state() {
@@ -73,19 +76,25 @@ pub fn save(dir: &Path, state: &CheckpointState, pipeline: &dyn Pipeline) -> Res
     }
     if !pairs.is_empty() {
         let p = tmp.join("pairs.safetensors");
-        candle_core::safetensors::save(&pairs, &p).with_context(|| format!("cannot write {}", p.display()))?;
+        candle_core::safetensors::save(&pairs, &p)
+            .with_context(|| format!("cannot write {}", p.display()))?;
     }
     let json = serde_json::to_vec_pretty(state).context("serialising checkpoint state")?;
     std::fs::write(tmp.join("state.json"), json).context("writing state.json")?;
     if dir.exists() {
-        std::fs::remove_dir_all(dir).with_context(|| format!("cannot replace {}", dir.display()))?;
+        std::fs::remove_dir_all(dir)
+            .with_context(|| format!("cannot replace {}", dir.display()))?;
     }
-    std::fs::rename(&tmp, dir).with_context(|| format!("cannot move checkpoint into {}", dir.display()))?;
+    std::fs::rename(&tmp, dir)
+        .with_context(|| format!("cannot move checkpoint into {}", dir.display()))?;
     Ok(())
 }
 
 fn tmp_dir(dir: &Path) -> PathBuf {
-    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "checkpoint".into());
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "checkpoint".into());
     dir.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
 }
 
@@ -108,8 +117,12 @@ pub fn locate(path: &Path) -> Result<PathBuf> {
 pub fn read_state(dir: &Path) -> Result<CheckpointState> {
     let p = dir.join("state.json");
     let bytes = std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?;
-    let mut state: CheckpointState = serde_json::from_slice(&bytes)
-        .map_err(|e| invalid(format!("{}: not a valid ncclean checkpoint state: {e}", p.display())))?;
+    let mut state: CheckpointState = serde_json::from_slice(&bytes).map_err(|e| {
+        invalid(format!(
+            "{}: not a valid ncclean checkpoint state: {e}",
+            p.display()
+        ))
+    })?;
     if state.format_version != FORMAT_VERSION {
         return Err(invalid(format!(
             "{}: checkpoint format {} is not supported by this ncclean (format {FORMAT_VERSION})",
@@ -127,7 +140,8 @@ pub fn read_state(dir: &Path) -> Result<CheckpointState> {
 pub fn load_into(dir: &Path, state: &CheckpointState, pipeline: &mut dyn Pipeline) -> Result<()> {
     for (name, vm) in pipeline.weights_mut() {
         let p = dir.join(format!("{name}.safetensors"));
-        vm.load(&p).map_err(|e| invalid(format!("{}: cannot load weights: {e}", p.display())))?;
+        vm.load(&p)
+            .map_err(|e| invalid(format!("{}: cannot load weights: {e}", p.display())))?;
     }
     let mut pairs = Vec::new();
     let p = dir.join("pairs.safetensors");
@@ -157,7 +171,12 @@ pub fn sha256(dir: &Path) -> Result<String> {
     names.sort();
     let mut h = Sha256::new();
     for p in names {
-        h.update(p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default().as_bytes());
+        h.update(
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+                .as_bytes(),
+        );
         h.update(std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?);
     }
     Ok(hex(&h.finalize()))

@@ -15,7 +15,11 @@ pub fn open(spec: &str) -> Result<Device> {
         Some(rest) => rest
             .strip_prefix(':')
             .and_then(|n| n.parse::<usize>().ok())
-            .ok_or_else(|| Error::Usage(format!("invalid --device {spec:?}: expected cpu, cuda or cuda:N")))?,
+            .ok_or_else(|| {
+                Error::Usage(format!(
+                    "invalid --device {spec:?}: expected cpu, cuda or cuda:N"
+                ))
+            })?,
         None => {
             return Err(Error::Usage(format!(
                 "invalid --device {spec:?}: expected cpu, cuda or cuda:N"
@@ -27,7 +31,8 @@ pub fn open(spec: &str) -> Result<Device> {
 
 #[cfg(feature = "cuda")]
 fn open_cuda(ordinal: usize) -> Result<Device> {
-    Device::new_cuda(ordinal).map_err(|e| Error::Usage(format!("cannot open CUDA device {ordinal}: {e}")))
+    Device::new_cuda(ordinal)
+        .map_err(|e| Error::Usage(format!("cannot open CUDA device {ordinal}: {e}")))
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -73,7 +73,11 @@ impl EncoderSpec {
         text_model: Option<String>,
     ) -> Result<EncoderSpec> {
         let is_embedding = input.columns.image_kind == ImageKind::Embedding;
-        let image = image.unwrap_or(if is_embedding { ImageEncoder::Precomputed } else { ImageEncoder::DemoCnn });
+        let image = image.unwrap_or(if is_embedding {
+            ImageEncoder::Precomputed
+        } else {
+            ImageEncoder::DemoCnn
+        });
         match (image, is_embedding) {
             (ImageEncoder::Precomputed, false) => {
                 return Err(Error::Usage(format!(
@@ -93,13 +97,19 @@ impl EncoderSpec {
         }
         let text = text.unwrap_or(TextEncoder::DemoBow);
         let image_model = match image {
-            ImageEncoder::MobilenetV2 | ImageEncoder::Clip => Some(image_model.ok_or_else(|| {
-                Error::Usage(format!(
-                    "--image-encoder {} needs --image-model (a {} path)",
-                    image.name(),
-                    if image == ImageEncoder::Clip { "model directory or hub id" } else { "model.safetensors" }
-                ))
-            })?),
+            ImageEncoder::MobilenetV2 | ImageEncoder::Clip => {
+                Some(image_model.ok_or_else(|| {
+                    Error::Usage(format!(
+                        "--image-encoder {} needs --image-model (a {} path)",
+                        image.name(),
+                        if image == ImageEncoder::Clip {
+                            "model directory or hub id"
+                        } else {
+                            "model.safetensors"
+                        }
+                    ))
+                })?)
+            }
             _ => None,
         };
         let text_model = match text {
@@ -109,9 +119,14 @@ impl EncoderSpec {
                     .map(|p| p.display().to_string())
                     .unwrap_or_else(|| ncclean_models::hf_dir::MINILM_HUB_ID.to_string()),
             }),
-            TextEncoder::Clip => Some(text_model.or_else(|| image_model.clone()).ok_or_else(|| {
-                Error::Usage("--text-encoder clip needs --text-model (a CLIP model directory or hub id)".into())
-            })?),
+            TextEncoder::Clip => {
+                Some(text_model.or_else(|| image_model.clone()).ok_or_else(|| {
+                    Error::Usage(
+                        "--text-encoder clip needs --text-model (a CLIP model directory or hub id)"
+                            .into(),
+                    )
+                })?)
+            }
             TextEncoder::DemoBow => None,
         };
         Ok(EncoderSpec {
@@ -178,12 +193,14 @@ impl ImageTower {
         Ok(match spec.image {
             ImageEncoder::MobilenetV2 => {
                 let path = PathBuf::from(&model);
-                let net = MobileNetV2::load(&path, device).map_err(|e| load_err("MobileNetV2 weights", &model, e))?;
+                let net = MobileNetV2::load(&path, device)
+                    .map_err(|e| load_err("MobileNetV2 weights", &model, e))?;
                 let tag = format!("mobilenet_v2-{}", file_sha256(&path)?);
                 Some(ImageTower::MobileNet(Box::new(net), tag))
             }
             ImageEncoder::Clip => Some(ImageTower::Clip(Box::new(
-                ClipTower::from_spec(&model, device).map_err(|e| load_err("CLIP model", &model, e))?,
+                ClipTower::from_spec(&model, device)
+                    .map_err(|e| load_err("CLIP model", &model, e))?,
             ))),
             _ => None,
         })
@@ -284,6 +301,7 @@ impl TextTower {
 
 /// sha256 prefix of a file's content (weights are small enough to hash).
 fn file_sha256(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
     Ok(crate::checkpoint::hex(&Sha256::digest(&bytes))[..16].to_string())
 }

@@ -83,16 +83,22 @@ fn image_spec(tower: &ImageTowerConfig) -> ImageSpec {
 /// Decode one image value into tower input, or say why it cannot be used.
 fn decode_image(value: &ImageValue, spec: ImageSpec) -> std::result::Result<ImageOut, String> {
     match (value, spec) {
-        (ImageValue::Bytes(b), ImageSpec::Pixels { size }) => decode_rgb_square(b, size as u32).map(ImageOut::Pixels),
+        (ImageValue::Bytes(b), ImageSpec::Pixels { size }) => {
+            decode_rgb_square(b, size as u32).map(ImageOut::Pixels)
+        }
         (ImageValue::Path(p), ImageSpec::Pixels { size }) => {
-            let bytes = std::fs::read(p).map_err(|e| format!("cannot read image file {}: {e}", p.display()))?;
+            let bytes = std::fs::read(p)
+                .map_err(|e| format!("cannot read image file {}: {e}", p.display()))?;
             decode_rgb_square(&bytes, size as u32)
                 .map(ImageOut::Pixels)
                 .map_err(|e| format!("{}: {e}", p.display()))
         }
         (ImageValue::Embedding(v), ImageSpec::Embedding { dim }) => {
             if v.len() != dim {
-                Err(format!("embedding has {} values, the model expects {dim}", v.len()))
+                Err(format!(
+                    "embedding has {} values, the model expects {dim}",
+                    v.len()
+                ))
             } else {
                 Ok(ImageOut::Embedding(v.clone()))
             }
@@ -100,7 +106,9 @@ fn decode_image(value: &ImageValue, spec: ImageSpec) -> std::result::Result<Imag
         (ImageValue::Embedding(_), ImageSpec::Pixels { .. }) => {
             Err("row holds an embedding but the model expects image pixels".into())
         }
-        (_, ImageSpec::Embedding { .. }) => Err("row holds an image but the model expects a precomputed embedding".into()),
+        (_, ImageSpec::Embedding { .. }) => {
+            Err("row holds an image but the model expects a precomputed embedding".into())
+        }
     }
 }
 
@@ -110,8 +118,13 @@ enum ImageOut {
 }
 
 /// Decode a batch of images on all cores, preserving order.
-fn decode_parallel(values: &[Option<&ImageValue>], spec: ImageSpec) -> Vec<std::result::Result<ImageOut, String>> {
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+fn decode_parallel(
+    values: &[Option<&ImageValue>],
+    spec: ImageSpec,
+) -> Vec<std::result::Result<ImageOut, String>> {
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let chunk = values.len().div_ceil(threads).max(1);
     std::thread::scope(|s| {
         let handles: Vec<_> = values
@@ -129,7 +142,10 @@ fn decode_parallel(values: &[Option<&ImageValue>], spec: ImageSpec) -> Vec<std::
             .collect();
         handles
             .into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|_| vec![Err("image decoder panicked".to_string())]))
+            .flat_map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| vec![Err("image decoder panicked".to_string())])
+            })
             .collect()
     })
 }
@@ -173,7 +189,13 @@ fn read_rows(
         let batch = batch?;
         let values: Vec<Option<&ImageValue>> = batch
             .iter()
-            .map(|r| if r.problem.is_none() { r.image.as_ref() } else { None })
+            .map(|r| {
+                if r.problem.is_none() {
+                    r.image.as_ref()
+                } else {
+                    None
+                }
+            })
             .collect();
         let decoded = decode_parallel(&values, spec);
         for (r, d) in batch.iter().zip(decoded) {
@@ -181,7 +203,11 @@ fn read_rows(
                 (Some(p), _) => Some(p.clone()),
                 (None, Err(e)) => Some(e),
                 (None, Ok(img)) => {
-                    sink(&r.caption, img, r.image.as_ref().map(image_identity).unwrap_or(0));
+                    sink(
+                        &r.caption,
+                        img,
+                        r.image.as_ref().map(image_identity).unwrap_or(0),
+                    );
                     None
                 }
             };
@@ -355,7 +381,9 @@ pub fn prepare_for(
             let mut error = r.problem.clone();
             let img: Option<&[f32]> = match (&ex.image, &r.image) {
                 (Some(f), _) => f.row(row),
-                (None, Some(ImageValue::Embedding(e))) if e.len() == image_dim => Some(e.as_slice()),
+                (None, Some(ImageValue::Embedding(e))) if e.len() == image_dim => {
+                    Some(e.as_slice())
+                }
                 _ => None,
             };
             if error.is_none() && img.is_none() {
@@ -392,14 +420,22 @@ pub fn prepare_for(
     obs.finish();
     let (text_inputs, text_cfg, vocab) = match &ex.text {
         Some(f) => (
-            TextInputs::Embeddings { data: texts, dim: f.dim },
+            TextInputs::Embeddings {
+                data: texts,
+                dim: f.dim,
+            },
             TextTowerConfig::Precomputed { dim: f.dim },
             None,
         ),
         None => {
             let v = match vocab {
                 Some(v) => v.clone(),
-                None => Vocab::build(captions.iter().map(String::as_str), VOCAB_MIN_COUNT, VOCAB_MAX_SIZE, VOCAB_MAX_LEN),
+                None => Vocab::build(
+                    captions.iter().map(String::as_str),
+                    VOCAB_MIN_COUNT,
+                    VOCAB_MAX_SIZE,
+                    VOCAB_MAX_LEN,
+                ),
             };
             let tokens = captions.iter().map(|c| v.encode(c)).collect();
             let cfg = TextTowerConfig::DemoBow {
@@ -414,7 +450,10 @@ pub fn prepare_for(
             rows,
             ok,
             inputs: PairInputs {
-                images: ImageInputs::Embeddings { data: images, dim: image_dim },
+                images: ImageInputs::Embeddings {
+                    data: images,
+                    dim: image_dim,
+                },
                 texts: text_inputs,
             },
             image_ids,
@@ -455,8 +494,14 @@ impl Engine {
     pub fn load(path: &Path, device: &Device) -> Result<Engine> {
         let dir = checkpoint::locate(path)?;
         let state = checkpoint::read_state(&dir)?;
-        let mut pipeline = ncclean_pipelines::build(&state.method, state.config.clone(), &state.model, state.seed, device)
-            .map_err(|e| invalid(format!("{}: {e}", dir.display())))?;
+        let mut pipeline = ncclean_pipelines::build(
+            &state.method,
+            state.config.clone(),
+            &state.model,
+            state.seed,
+            device,
+        )
+        .map_err(|e| invalid(format!("{}: {e}", dir.display())))?;
         checkpoint::load_into(&dir, &state, pipeline.as_mut())?;
         Ok(Engine {
             state,
@@ -467,7 +512,12 @@ impl Engine {
     }
 
     /// Read and decode `input` the way this checkpoint's towers expect.
-    pub fn prepare(&self, input: &InputSet, cache: &CacheOptions, rep: &Reporter) -> Result<Prepared> {
+    pub fn prepare(
+        &self,
+        input: &InputSet,
+        cache: &CacheOptions,
+        rep: &Reporter,
+    ) -> Result<Prepared> {
         check_compatible(input, &self.state)?;
         let run = prepare_for(
             input,
@@ -491,11 +541,28 @@ impl Engine {
 
     /// Joint-space similarity matrix `images × captions` of the usable pairs
     /// (co-taught networks averaged), for retrieval.
-    pub fn similarity_matrix(&self, prepared: &Prepared, images: &[usize], captions: &[usize]) -> Result<Vec<f32>> {
-        let per_net = self.pipeline.embed(&prepared.inputs).context("embedding pairs")?;
+    pub fn similarity_matrix(
+        &self,
+        prepared: &Prepared,
+        images: &[usize],
+        captions: &[usize],
+    ) -> Result<Vec<f32>> {
+        let per_net = self
+            .pipeline
+            .embed(&prepared.inputs)
+            .context("embedding pairs")?;
         let mut acc: Option<candle_core::Tensor> = None;
-        let to_ids = |v: &[usize]| candle_core::Tensor::from_vec(v.iter().map(|&i| i as u32).collect::<Vec<_>>(), v.len(), &self.device);
-        let (ii, cc) = (to_ids(images).context("index")?, to_ids(captions).context("index")?);
+        let to_ids = |v: &[usize]| {
+            candle_core::Tensor::from_vec(
+                v.iter().map(|&i| i as u32).collect::<Vec<_>>(),
+                v.len(),
+                &self.device,
+            )
+        };
+        let (ii, cc) = (
+            to_ids(images).context("index")?,
+            to_ids(captions).context("index")?,
+        );
         for (vi, vt) in &per_net {
             let s = vi
                 .index_select(&ii, 0)
@@ -508,11 +575,19 @@ impl Engine {
         }
         let s = acc.ok_or_else(|| anyhow::anyhow!("pipeline returned no embeddings"))?;
         let s = (s / per_net.len() as f64).context("similarity")?;
-        Ok(s.flatten_all().and_then(|t| t.to_vec1()).context("similarity")?)
+        Ok(s.flatten_all()
+            .and_then(|t| t.to_vec1())
+            .context("similarity")?)
     }
 
     /// Score prepared pairs: the one scoring path of `fit` and `score`.
-    pub fn score(&self, input: &InputSet, prepared: &Prepared, refit: bool, rep: &Reporter) -> Result<Scored> {
+    pub fn score(
+        &self,
+        input: &InputSet,
+        prepared: &Prepared,
+        refit: bool,
+        rep: &Reporter,
+    ) -> Result<Scored> {
         let started = Instant::now();
         let scores = if prepared.ok.is_empty() {
             PairScores::default()
@@ -530,11 +605,23 @@ impl Engine {
         let put = |m: &mut BTreeMap<String, String>, k: &str, v: String| {
             m.insert(format!("ncclean.{k}"), v);
         };
-        put(&mut metadata, "version", env!("CARGO_PKG_VERSION").to_string());
+        put(
+            &mut metadata,
+            "version",
+            env!("CARGO_PKG_VERSION").to_string(),
+        );
         put(&mut metadata, "method", self.state.method.clone());
         put(&mut metadata, "preset", self.state.method.clone());
-        put(&mut metadata, "config_hash", config_hash(&self.state.config));
-        put(&mut metadata, "checkpoint_sha256", checkpoint::sha256(&self.dir)?);
+        put(
+            &mut metadata,
+            "config_hash",
+            config_hash(&self.state.config),
+        );
+        put(
+            &mut metadata,
+            "checkpoint_sha256",
+            checkpoint::sha256(&self.dir)?,
+        );
         put(&mut metadata, "seed", self.state.seed.to_string());
         put(&mut metadata, "threshold", threshold.to_string());
         put(
@@ -542,16 +629,34 @@ impl Engine {
             "threshold_rule",
             format!("is_clean = clean_prob > {threshold} (the method's own division)"),
         );
-        put(&mut metadata, "division", if refit { "refitted on the scored data" } else { "mixture from the checkpoint" }.to_string());
+        put(
+            &mut metadata,
+            "division",
+            if refit {
+                "refitted on the scored data"
+            } else {
+                "mixture from the checkpoint"
+            }
+            .to_string(),
+        );
         let statistic = self.state.pipeline["division_statistic"]
             .as_str()
             .unwrap_or("see the method's documentation")
             .to_string();
         put(&mut metadata, "division_statistic", statistic);
-        if let Some(f) = self.state.pipeline.pointer("/division/fallback").filter(|f| !f.is_null()) {
+        if let Some(f) = self
+            .state
+            .pipeline
+            .pointer("/division/fallback")
+            .filter(|f| !f.is_null())
+        {
             put(&mut metadata, "division_fallback", f.to_string());
         }
-        put(&mut metadata, "estimated_noise_rate", format!("{estimated_noise_rate:.6}"));
+        put(
+            &mut metadata,
+            "estimated_noise_rate",
+            format!("{estimated_noise_rate:.6}"),
+        );
         put(&mut metadata, "input_fingerprint", input.fingerprint()?);
         put(&mut metadata, "rows", prepared.rows.len().to_string());
         put(&mut metadata, "skipped", prepared.skipped().to_string());
@@ -577,7 +682,9 @@ fn check_compatible(input: &InputSet, state: &CheckpointState) -> Result<()> {
             if want_embedding { "precomputed embeddings" } else { "images" },
         )));
     }
-    if let (ImageTowerConfig::Precomputed { dim }, Some(have), true) = (&state.model.image, input.embedding_dim, want_embedding) {
+    if let (ImageTowerConfig::Precomputed { dim }, Some(have), true) =
+        (&state.model.image, input.embedding_dim, want_embedding)
+    {
         if *dim != have {
             return Err(invalid(format!(
                 "{}: embeddings in column {:?} have {have} values, the checkpoint expects {dim}",
@@ -591,7 +698,12 @@ fn check_compatible(input: &InputSet, state: &CheckpointState) -> Result<()> {
 
 /// Label rows for every input row: scores for usable pairs, `skipped` with
 /// the reason for the rest.
-fn label_rows(input: &InputSet, prepared: &Prepared, scores: &PairScores, threshold: f64) -> Vec<LabelRow> {
+fn label_rows(
+    input: &InputSet,
+    prepared: &Prepared,
+    scores: &PairScores,
+    threshold: f64,
+) -> Vec<LabelRow> {
     let mut out: Vec<LabelRow> = prepared
         .rows
         .iter()
@@ -671,7 +783,12 @@ pub struct FitSummary {
 }
 
 /// Train `opts.method` on `input`, write the run directory and return a summary.
-pub fn fit(input: &InputSet, opts: &FitOptions, device: &Device, rep: &Reporter) -> Result<FitSummary> {
+pub fn fit(
+    input: &InputSet,
+    opts: &FitOptions,
+    device: &Device,
+    rep: &Reporter,
+) -> Result<FitSummary> {
     let cfg = &opts.config;
     let t0 = Instant::now();
     let run = prepare_for(input, &opts.encoders, cfg, None, &opts.cache, device, rep)?;
@@ -692,8 +809,9 @@ pub fn fit(input: &InputSet, opts: &FitOptions, device: &Device, rep: &Reporter)
         prepared.skipped()
     ));
     let model = ncclean_pipelines::config::model_config(cfg, run.image, run.text);
-    let mut pipeline = ncclean_pipelines::build(&opts.method, cfg.clone(), &model, opts.seed, device)
-        .map_err(|e| Error::Usage(e.to_string()))?;
+    let mut pipeline =
+        ncclean_pipelines::build(&opts.method, cfg.clone(), &model, opts.seed, device)
+            .map_err(|e| Error::Usage(e.to_string()))?;
     let t1 = Instant::now();
     let total = pipeline.total_epochs();
     let mut epochs = Vec::with_capacity(total);
@@ -707,7 +825,9 @@ pub fn fit(input: &InputSet, opts: &FitOptions, device: &Device, rep: &Reporter)
         rep.epoch(&stats, total, te.elapsed().as_secs_f64());
         epochs.push(stats);
     }
-    pipeline.finalize(&prepared.inputs, &mut obs).context("final division")?;
+    pipeline
+        .finalize(&prepared.inputs, &mut obs)
+        .context("final division")?;
     obs.finish();
     let train_seconds = t1.elapsed().as_secs_f64();
 
@@ -734,7 +854,12 @@ pub fn fit(input: &InputSet, opts: &FitOptions, device: &Device, rep: &Reporter)
     let labels_path = opts.out_dir.join("labels.parquet");
     data::write_labels(&labels_path, &scored.labels, &scored.metadata)?;
     let keep = keep_mask(input, &scored.labels)?;
-    let filtered = data::write_filtered(input, &keep, &opts.out_dir.join("filtered.parquet"), &scored.metadata)?;
+    let filtered = data::write_filtered(
+        input,
+        &keep,
+        &opts.out_dir.join("filtered.parquet"),
+        &scored.metadata,
+    )?;
 
     let clean = scored.labels.iter().filter(|l| l.is_clean).count();
     let summary = FitSummary {
@@ -779,10 +904,25 @@ pub fn keep_mask(input: &InputSet, labels: &[LabelRow]) -> Result<Vec<Vec<bool>>
 
 /// `keep[file][row]` = `pred(label)` for each input row. Labels are matched to
 /// input files by their `source_file` (as written, or by file name).
-pub fn keep_mask_by(input: &InputSet, labels: &[LabelRow], pred: impl Fn(&LabelRow) -> bool) -> Result<Vec<Vec<bool>>> {
-    let mut keep: Vec<Vec<bool>> = input.files.iter().map(|f| vec![false; f.num_rows]).collect();
-    let names: Vec<String> = (0..input.files.len()).map(|f| input.display_name(f)).collect();
-    let base = |s: &str| Path::new(s).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+pub fn keep_mask_by(
+    input: &InputSet,
+    labels: &[LabelRow],
+    pred: impl Fn(&LabelRow) -> bool,
+) -> Result<Vec<Vec<bool>>> {
+    let mut keep: Vec<Vec<bool>> = input
+        .files
+        .iter()
+        .map(|f| vec![false; f.num_rows])
+        .collect();
+    let names: Vec<String> = (0..input.files.len())
+        .map(|f| input.display_name(f))
+        .collect();
+    let base = |s: &str| {
+        Path::new(s)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
     let mut seen = vec![0usize; input.files.len()];
     for l in labels {
         let f = names

@@ -120,27 +120,41 @@ struct Store {
 impl Store {
     fn open(root: &Path, tag: &str) -> Result<Store> {
         let dir = root.join(&crate::checkpoint::hex(&Sha256::digest(tag.as_bytes()))[..24]);
-        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create feature cache {}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create feature cache {}", dir.display()))?;
         let tag_file = dir.join("tower.txt");
         match std::fs::read_to_string(&tag_file) {
             Ok(t) if t != tag => {
-                return Err(anyhow::anyhow!("{}: holds features of another tower ({t})", dir.display()).into())
+                return Err(anyhow::anyhow!(
+                    "{}: holds features of another tower ({t})",
+                    dir.display()
+                )
+                .into())
             }
             Ok(_) => {}
-            Err(_) => std::fs::write(&tag_file, tag).with_context(|| format!("writing {}", tag_file.display()))?,
+            Err(_) => std::fs::write(&tag_file, tag)
+                .with_context(|| format!("writing {}", tag_file.display()))?,
         }
         let mut index = HashMap::new();
         let mut dim = None;
         let mut stems: Vec<String> = std::fs::read_dir(&dir)
             .with_context(|| format!("listing {}", dir.display()))?
             .filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".keys")).map(str::to_string))
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(".keys"))
+                    .map(str::to_string)
+            })
             .collect();
         stems.sort();
         for stem in stems {
-            let keys = std::fs::read(dir.join(format!("{stem}.keys"))).with_context(|| format!("reading cache shard {stem}"))?;
+            let keys = std::fs::read(dir.join(format!("{stem}.keys")))
+                .with_context(|| format!("reading cache shard {stem}"))?;
             let n = keys.len() / 16;
-            let global_len = std::fs::metadata(dir.join(format!("{stem}.global.f16"))).map(|m| m.len() as usize).unwrap_or(0);
+            let global_len = std::fs::metadata(dir.join(format!("{stem}.global.f16")))
+                .map(|m| m.len() as usize)
+                .unwrap_or(0);
             if n == 0 || global_len % (2 * n) != 0 {
                 continue; // a damaged shard is ignored; its vectors are recomputed
             }
@@ -169,9 +183,13 @@ impl Store {
                     files.entry(stem.as_str()).or_insert(f)
                 }
             };
-            f.seek(SeekFrom::Start((pos * dim * 2) as u64)).context("reading cached features")?;
+            f.seek(SeekFrom::Start((pos * dim * 2) as u64))
+                .context("reading cached features")?;
             f.read_exact(&mut buf).context("reading cached features")?;
-            out.extend(buf.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()));
+            out.extend(
+                buf.chunks_exact(2)
+                    .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
+            );
         }
         Ok(out)
     }
@@ -189,7 +207,11 @@ struct ShardWriter {
 }
 
 fn f16_bytes(t: &Tensor) -> Result<Vec<u8>> {
-    let v: Vec<f32> = t.to_dtype(DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1()).context("reading features")?;
+    let v: Vec<f32> = t
+        .to_dtype(DType::F32)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1())
+        .context("reading features")?;
     let mut b = Vec::with_capacity(v.len() * 2);
     for x in v {
         b.extend_from_slice(&f16::from_f32(x).to_bits().to_le_bytes());
@@ -201,12 +223,17 @@ impl ShardWriter {
     fn create(dir: &Path, text: bool) -> Result<ShardWriter> {
         let stem = format!(
             "{:013}-{}",
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or(0),
             std::process::id()
         );
         let open = |ext: &str| -> Result<BufWriter<File>> {
             let p = dir.join(format!(".{stem}.{ext}.tmp"));
-            Ok(BufWriter::new(File::create(&p).with_context(|| format!("creating {}", p.display()))?))
+            Ok(BufWriter::new(
+                File::create(&p).with_context(|| format!("creating {}", p.display()))?,
+            ))
         };
         Ok(ShardWriter {
             keys: open("keys")?,
@@ -223,11 +250,16 @@ impl ShardWriter {
         for k in keys {
             self.keys.write_all(k).context("writing cache keys")?;
         }
-        self.global.write_all(&f16_bytes(global)?).context("writing cached features")?;
-        self.local.write_all(&f16_bytes(local)?).context("writing cached features")?;
+        self.global
+            .write_all(&f16_bytes(global)?)
+            .context("writing cached features")?;
+        self.local
+            .write_all(&f16_bytes(local)?)
+            .context("writing cached features")?;
         if let Some(l) = self.lens.as_mut() {
             for n in lens {
-                l.write_all(&n.to_le_bytes()).context("writing cache lens")?;
+                l.write_all(&n.to_le_bytes())
+                    .context("writing cache lens")?;
             }
         }
         self.count += keys.len();
@@ -272,8 +304,12 @@ impl Drop for ShardWriter {
 fn image_bytes(v: &ImageValue) -> std::result::Result<Vec<u8>, String> {
     match v {
         ImageValue::Bytes(b) => Ok(b.clone()),
-        ImageValue::Path(p) => std::fs::read(p).map_err(|e| format!("cannot read image file {}: {e}", p.display())),
-        ImageValue::Embedding(_) => Err("row holds an embedding but the image tower needs an image".into()),
+        ImageValue::Path(p) => {
+            std::fs::read(p).map_err(|e| format!("cannot read image file {}: {e}", p.display()))
+        }
+        ImageValue::Embedding(_) => {
+            Err("row holds an embedding but the image tower needs an image".into())
+        }
     }
 }
 
@@ -341,8 +377,18 @@ impl Side {
         new && !self.cached(&key)
     }
 
-    fn record(&mut self, keys: &[Key], out: &crate::encoders::TowerOutput, local: &Tensor, lens: &[u16]) -> Result<()> {
-        let g: Vec<Vec<f32>> = out.global.to_dtype(DType::F32).and_then(|t| t.to_vec2()).context("reading features")?;
+    fn record(
+        &mut self,
+        keys: &[Key],
+        out: &crate::encoders::TowerOutput,
+        local: &Tensor,
+        lens: &[u16],
+    ) -> Result<()> {
+        let g: Vec<Vec<f32>> = out
+            .global
+            .to_dtype(DType::F32)
+            .and_then(|t| t.to_vec2())
+            .context("reading features")?;
         self.dim = g.first().map(Vec::len).unwrap_or(self.dim);
         for (k, v) in keys.iter().zip(g) {
             // Round through f16 so cached and fresh runs see identical values.
@@ -372,7 +418,12 @@ impl Side {
                 }
             }
         }
-        let cached_keys: Vec<Key> = self.order.iter().filter(|k| !self.fresh.contains_key(&self.slot[*k]) && !self.failed.contains_key(*k)).copied().collect();
+        let cached_keys: Vec<Key> = self
+            .order
+            .iter()
+            .filter(|k| !self.fresh.contains_key(&self.slot[*k]) && !self.failed.contains_key(*k))
+            .copied()
+            .collect();
         let dim = self.dim;
         let cached_vecs = match (&self.store, cached_keys.is_empty()) {
             (Some(s), false) => s.read(&cached_keys, dim)?,
@@ -425,11 +476,21 @@ pub fn extract(
     let rows = input.num_rows();
     let root = cache.dir.as_ref();
     let mut img = match image {
-        Some(t) => Some(Side::new(root, &format!("image|{}", t.cache_tag()), rows, false)?),
+        Some(t) => Some(Side::new(
+            root,
+            &format!("image|{}", t.cache_tag()),
+            rows,
+            false,
+        )?),
         None => None,
     };
     let mut txt = match text {
-        Some(t) => Some(Side::new(root, &format!("text|{}", t.cache_tag()), rows, true)?),
+        Some(t) => Some(Side::new(
+            root,
+            &format!("text|{}", t.cache_tag()),
+            rows,
+            true,
+        )?),
         None => None,
     };
     let preprocess = image.map(|t| t.preprocess());
@@ -443,7 +504,9 @@ pub fn extract(
         if let (Some(tower), Some(pre), Some(side)) = (image, preprocess.as_ref(), img.as_mut()) {
             let mut todo: Vec<(Key, Vec<u8>)> = Vec::new();
             for (k, r) in batch.iter().enumerate() {
-                let Some(v) = r.image.as_ref().filter(|_| r.problem.is_none()) else { continue };
+                let Some(v) = r.image.as_ref().filter(|_| r.problem.is_none()) else {
+                    continue;
+                };
                 match image_bytes(v) {
                     Err(e) => side.errors[base + k] = Some(e),
                     Ok(bytes) => {
@@ -500,7 +563,13 @@ pub fn extract(
     })
 }
 
-fn encode_images(tower: &ImageTower, size: usize, chunk: &[(Key, Vec<f32>)], side: &mut Side, device: &Device) -> Result<()> {
+fn encode_images(
+    tower: &ImageTower,
+    size: usize,
+    chunk: &[(Key, Vec<f32>)],
+    side: &mut Side,
+    device: &Device,
+) -> Result<()> {
     let t = Instant::now();
     let mut flat = Vec::with_capacity(chunk.len() * 3 * size * size);
     for (_, px) in chunk {
@@ -519,14 +588,22 @@ fn encode_texts(tower: &TextTower, chunk: &[(Key, String)], side: &mut Side) -> 
     let refs: Vec<&str> = chunk.iter().map(|c| c.1.as_str()).collect();
     let out = tower.forward(&refs).context("text tower forward")?;
     let mask = out.mask.as_ref().context("text tower returned no mask")?;
-    let m: Vec<Vec<f32>> = mask.to_dtype(DType::F32).and_then(|m| m.to_vec2()).context("reading mask")?;
+    let m: Vec<Vec<f32>> = mask
+        .to_dtype(DType::F32)
+        .and_then(|m| m.to_vec2())
+        .context("reading mask")?;
     // Keep only real tokens: local.f16 holds Σ lens × d values.
     let mut real = Vec::with_capacity(chunk.len());
     let mut lens = Vec::with_capacity(chunk.len());
     for (k, row) in m.iter().enumerate() {
         let n = row.iter().filter(|&&x| x > 0.5).count().max(1);
         lens.push(n as u16);
-        real.push(out.local.get(k).and_then(|t| t.narrow(0, 0, n)).context("token features")?);
+        real.push(
+            out.local
+                .get(k)
+                .and_then(|t| t.narrow(0, 0, n))
+                .context("token features")?,
+        );
     }
     let local = Tensor::cat(&real, 0).context("token features")?;
     let keys: Vec<Key> = chunk.iter().map(|c| c.0).collect();
@@ -540,12 +617,19 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Ve
     if items.is_empty() {
         return Vec::new();
     }
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let chunk = items.len().div_ceil(threads).max(1);
     let f = &f;
     std::thread::scope(|s| {
-        let hs: Vec<_> = items.chunks(chunk).map(|c| s.spawn(move || c.iter().map(f).collect::<Vec<_>>())).collect();
-        hs.into_iter().flat_map(|h| h.join().expect("feature decoder thread panicked")).collect()
+        let hs: Vec<_> = items
+            .chunks(chunk)
+            .map(|c| s.spawn(move || c.iter().map(f).collect::<Vec<_>>()))
+            .collect();
+        hs.into_iter()
+            .flat_map(|h| h.join().expect("feature decoder thread panicked"))
+            .collect()
     })
 }
 
@@ -565,22 +649,38 @@ mod tests {
         let mut w = ShardWriter::create(&store.dir, false).unwrap();
         let keys = [key_of(b"one"), key_of(b"two")];
         // 0.1 is not exact in f16: reading back gives the f16-rounded value.
-        w.push(&keys, &tensor(&[1.0, 0.1, -2.0, 0.5], 2), &tensor(&[0.0; 12], 2), &[]).unwrap();
+        w.push(
+            &keys,
+            &tensor(&[1.0, 0.1, -2.0, 0.5], 2),
+            &tensor(&[0.0; 12], 2),
+            &[],
+        )
+        .unwrap();
         w.finish().unwrap();
         let store = Store::open(tmp.path(), "image|tower-a").unwrap();
         assert_eq!(store.dim, Some(2));
         let back = store.read(&[keys[1], keys[0]], 2).unwrap();
         assert_eq!(back, vec![-2.0, 0.5, 1.0, f16::from_f32(0.1).to_f32()]);
         // No temporary files are left behind.
-        let names: Vec<String> = std::fs::read_dir(&store.dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let names: Vec<String> = std::fs::read_dir(&store.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
         // A different tower must not open the same directory's content.
         let other = Store::open(tmp.path(), "image|tower-b").unwrap();
         assert!(other.index.is_empty());
         // A truncated shard is ignored rather than misread.
-        let stem = names.iter().find_map(|n| n.strip_suffix(".global.f16")).unwrap().to_string();
+        let stem = names
+            .iter()
+            .find_map(|n| n.strip_suffix(".global.f16"))
+            .unwrap()
+            .to_string();
         std::fs::write(store.dir.join(format!("{stem}.global.f16")), [0u8; 3]).unwrap();
-        assert!(Store::open(tmp.path(), "image|tower-a").unwrap().index.is_empty());
+        assert!(Store::open(tmp.path(), "image|tower-a")
+            .unwrap()
+            .index
+            .is_empty());
     }
 
     #[test]
@@ -589,10 +689,19 @@ mod tests {
         let store = Store::open(tmp.path(), "text|t").unwrap();
         {
             let mut w = ShardWriter::create(&store.dir, true).unwrap();
-            w.push(&[key_of(b"x")], &tensor(&[1.0, 2.0], 1), &tensor(&[1.0, 2.0], 1), &[1]).unwrap();
+            w.push(
+                &[key_of(b"x")],
+                &tensor(&[1.0, 2.0], 1),
+                &tensor(&[1.0, 2.0], 1),
+                &[1],
+            )
+            .unwrap();
             // dropped without finish (e.g. an error later in the run)
         }
-        let left: Vec<_> = std::fs::read_dir(&store.dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let left: Vec<_> = std::fs::read_dir(&store.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(left, vec![std::ffi::OsString::from("tower.txt")]);
     }
 
@@ -611,7 +720,9 @@ mod tests {
             mask: None,
         };
         side.record(&[a], &out, &out.local, &[]).unwrap();
-        let f = side.finish(&Reporter::plain(crate::progress::LogFormat::Json), "images").unwrap();
+        let f = side
+            .finish(&Reporter::plain(crate::progress::LogFormat::Json), "images")
+            .unwrap();
         assert_eq!(f.row(0), Some(&[3.0f32, 4.0][..]));
         assert_eq!(f.row(1), Some(&[3.0f32, 4.0][..]));
         assert_eq!(f.row(2), None);

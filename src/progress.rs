@@ -127,9 +127,11 @@ impl Observer for StageObserver {
         if self.reporter.tty && self.reporter.format == LogFormat::Text {
             let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
             bar.set_style(
-                ProgressStyle::with_template("{msg:>14} [{bar:30}] {pos}/{len} {per_sec} eta {eta}")
-                    .unwrap_or_else(|_| ProgressStyle::default_bar())
-                    .progress_chars("=> "),
+                ProgressStyle::with_template(
+                    "{msg:>14} [{bar:30}] {pos}/{len} {per_sec} eta {eta}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
             );
             bar.set_message(stage.to_string());
             self.bar = Some(bar);
@@ -140,7 +142,9 @@ impl Observer for StageObserver {
         self.done += n;
         if let Some(b) = &self.bar {
             b.inc(n);
-        } else if self.reporter.format == LogFormat::Text && self.last_line.elapsed().as_secs_f64() >= LINE_EVERY_SECS {
+        } else if self.reporter.format == LogFormat::Text
+            && self.last_line.elapsed().as_secs_f64() >= LINE_EVERY_SECS
+        {
             // Long stages in logs (not a terminal) still show they are alive.
             self.last_line = Instant::now();
             let secs = self.started.elapsed().as_secs_f64();

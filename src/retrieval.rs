@@ -45,7 +45,10 @@ pub fn retrieval(sim: &[f32], images: usize, owner: &[usize]) -> Retrieval {
         }
         evaluated_images += 1;
         let row = &sim[i * captions..(i + 1) * captions];
-        let best = caps.iter().map(|&c| row[c]).fold(f32::NEG_INFINITY, f32::max);
+        let best = caps
+            .iter()
+            .map(|&c| row[c])
+            .fold(f32::NEG_INFINITY, f32::max);
         let rank = row
             .iter()
             .enumerate()
@@ -57,7 +60,9 @@ pub fn retrieval(sim: &[f32], images: usize, owner: &[usize]) -> Retrieval {
     let mut t2i = [0usize; 3];
     for (c, &own) in owner.iter().enumerate() {
         let mine = sim[own * captions + c];
-        let rank = (0..images).filter(|&i| i != own && sim[i * captions + c] >= mine).count();
+        let rank = (0..images)
+            .filter(|&i| i != own && sim[i * captions + c] >= mine)
+            .count();
         count(&mut t2i, rank);
     }
     let pct = |n: usize, d: usize| 100.0 * n as f64 / d.max(1) as f64;
@@ -116,7 +121,10 @@ mod tests {
     fn ties_count_against_the_query() {
         let sim = [0.5, 0.5];
         let r = retrieval(&sim, 1, &[0, 0]);
-        assert_eq!(r.i2t_r1, 100.0, "ties among the image's own captions are fine");
+        assert_eq!(
+            r.i2t_r1, 100.0,
+            "ties among the image's own captions are fine"
+        );
         let sim = [0.5, 0.5];
         let r = retrieval(&sim, 2, &[0]);
         assert_eq!(r.t2i_r1, 0.0);

@@ -1,42 +1,27 @@
 //! End-to-end tests of the `ncclean` binary on generated data.
 
+mod common;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::Arc;
 
 use arrow_array::builder::{Float32Builder, ListBuilder};
 use arrow_array::{Array, ArrayRef, BinaryArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
+use common::{demo, eval_json, ncclean, ok, p};
 use ncclean::data::{read_labels, LabelRow, RowStatus};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 
-fn ncclean(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ncclean"))
-        .args(args)
-        .output()
-        .expect("failed to start ncclean")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = ncclean(args);
-    assert!(
-        out.status.success(),
-        "ncclean {args:?} failed ({:?}):\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().expect("utf-8 temp path")
-}
-
 fn read_rows(path: &Path) -> Vec<RecordBatch> {
     let f = File::open(path).unwrap();
-    ParquetRecordBatchReaderBuilder::try_new(f).unwrap().build().unwrap().map(|b| b.unwrap()).collect()
+    ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect()
 }
 
 fn count_rows(path: &Path) -> usize {
@@ -54,22 +39,19 @@ fn string_column(path: &Path, name: &str) -> Vec<String> {
 }
 
 fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>) {
-    let fields: Vec<Field> = columns.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), true)).collect();
+    let fields: Vec<Field> = columns
+        .iter()
+        .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
+        .collect();
     let schema = Arc::new(Schema::new(fields));
-    let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|(_, a)| a).collect()).unwrap();
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        columns.into_iter().map(|(_, a)| a).collect(),
+    )
+    .unwrap();
     let mut w = ArrowWriter::try_new(File::create(path).unwrap(), schema, None).unwrap();
     w.write(&batch).unwrap();
     w.close().unwrap();
-}
-
-fn demo(dir: &Path, pairs: usize) -> PathBuf {
-    ok(&["demo", "--out", p(dir), "--pairs", &pairs.to_string(), "--seed", "0"]);
-    dir.join("demo.parquet")
-}
-
-fn eval_json(labels: &Path, truth: &Path) -> serde_json::Value {
-    let out = ok(&["eval", "--labels", p(labels), "--truth", p(truth), "--json"]);
-    serde_json::from_str(out.trim()).expect("eval --json prints one JSON object")
 }
 
 #[test]
@@ -77,10 +59,34 @@ fn demo_corrupt_fit_eval_score_filter_end_to_end() {
     let tmp = tempfile::tempdir().unwrap();
     let data = demo(tmp.path(), 2000);
     let noisy = tmp.path().join("noisy.parquet");
-    ok(&["corrupt", p(&data), "--rate", "0.3", "--seed", "1", "--out", p(&noisy)]);
+    ok(&[
+        "corrupt",
+        p(&data),
+        "--rate",
+        "0.3",
+        "--seed",
+        "1",
+        "--out",
+        p(&noisy),
+    ]);
     let run = tmp.path().join("run");
-    ok(&["fit", p(&noisy), "--method", "vanilla", "--out-dir", p(&run), "--seed", "0"]);
-    for f in ["run.json", "checkpoint/state.json", "labels.parquet", "filtered.parquet", "stats.json"] {
+    ok(&[
+        "fit",
+        p(&noisy),
+        "--method",
+        "vanilla",
+        "--out-dir",
+        p(&run),
+        "--seed",
+        "0",
+    ]);
+    for f in [
+        "run.json",
+        "checkpoint/state.json",
+        "labels.parquet",
+        "filtered.parquet",
+        "stats.json",
+    ] {
         assert!(run.join(f).exists(), "missing {f}");
     }
 
@@ -96,29 +102,64 @@ fn demo_corrupt_fit_eval_score_filter_end_to_end() {
     // `score` on the same data and checkpoint reproduces fit's labels exactly.
     let (fit_labels, fit_meta) = read_labels(&run.join("labels.parquet")).unwrap();
     let scored = tmp.path().join("scored.parquet");
-    ok(&["score", p(&noisy), "--checkpoint", p(&run), "--out", p(&scored)]);
+    ok(&[
+        "score",
+        p(&noisy),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&scored),
+    ]);
     let (score_labels, score_meta) = read_labels(&scored).unwrap();
     assert_eq!(fit_labels, score_labels);
-    for k in ["ncclean.checkpoint_sha256", "ncclean.method", "ncclean.seed", "ncclean.input_fingerprint", "ncclean.threshold"] {
+    for k in [
+        "ncclean.checkpoint_sha256",
+        "ncclean.method",
+        "ncclean.seed",
+        "ncclean.input_fingerprint",
+        "ncclean.threshold",
+    ] {
         assert!(fit_meta.contains_key(k), "labels metadata lacks {k}");
-        assert_eq!(fit_meta.get(k), score_meta.get(k), "{k} differs between fit and score");
+        assert_eq!(
+            fit_meta.get(k),
+            score_meta.get(k),
+            "{k} differs between fit and score"
+        );
     }
 
     // Filtered output: exactly the is_clean rows, all original columns.
     let clean: Vec<&LabelRow> = fit_labels.iter().filter(|l| l.is_clean).collect();
     assert_eq!(count_rows(&run.join("filtered.parquet")), clean.len());
     let kept_keys = string_column(&run.join("filtered.parquet"), "key");
-    assert_eq!(kept_keys, clean.iter().map(|l| l.key.clone()).collect::<Vec<_>>());
+    assert_eq!(
+        kept_keys,
+        clean.iter().map(|l| l.key.clone()).collect::<Vec<_>>()
+    );
     let schema_in = read_rows(&noisy)[0].schema();
-    assert_eq!(read_rows(&run.join("filtered.parquet"))[0].schema().fields(), schema_in.fields());
+    assert_eq!(
+        read_rows(&run.join("filtered.parquet"))[0]
+            .schema()
+            .fields(),
+        schema_in.fields()
+    );
 
     // `filter` with a keep fraction keeps that fraction of the rows.
     let half = tmp.path().join("half.parquet");
-    ok(&["filter", p(&noisy), "--labels", p(&run.join("labels.parquet")), "--keep-fraction", "0.5", "--out", p(&half)]);
+    ok(&[
+        "filter",
+        p(&noisy),
+        "--labels",
+        p(&run.join("labels.parquet")),
+        "--keep-fraction",
+        "0.5",
+        "--out",
+        p(&half),
+    ]);
     assert_eq!(count_rows(&half), 1000);
 
     // stats.json carries the numbers the summary reports.
-    let stats: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("stats.json")).unwrap()).unwrap();
+    let stats: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("stats.json")).unwrap()).unwrap();
     assert_eq!(stats["pairs"], 2000);
     assert_eq!(stats["clean"], clean.len());
 }
@@ -128,7 +169,18 @@ fn fit_is_deterministic_for_a_seed() {
     let tmp = tempfile::tempdir().unwrap();
     let data = demo(tmp.path(), 300);
     let args = |run: &Path, seed: &str| {
-        ok(&["fit", p(&data), "--out-dir", p(run), "--epochs", "2", "--warmup-epochs", "1", "--seed", seed]);
+        ok(&[
+            "fit",
+            p(&data),
+            "--out-dir",
+            p(run),
+            "--epochs",
+            "2",
+            "--warmup-epochs",
+            "1",
+            "--seed",
+            seed,
+        ]);
         read_labels(&run.join("labels.parquet")).unwrap().0
     };
     let a = args(&tmp.path().join("a"), "3");
@@ -148,10 +200,27 @@ fn damaged_demo(dir: &Path) -> PathBuf {
     let data = demo(dir, 120);
     let batches = read_rows(&data);
     let batch = arrow_select::concat::concat_batches(&batches[0].schema(), &batches).unwrap();
-    let images = batch.column_by_name("image").unwrap().as_any().downcast_ref::<BinaryArray>().unwrap();
-    let images: Vec<&[u8]> = (0..images.len()).map(|i| if i == 5 { b"\x89PNG garbage".as_slice() } else { images.value(i) }).collect();
+    let images = batch
+        .column_by_name("image")
+        .unwrap()
+        .as_any()
+        .downcast_ref::<BinaryArray>()
+        .unwrap();
+    let images: Vec<&[u8]> = (0..images.len())
+        .map(|i| {
+            if i == 5 {
+                b"\x89PNG garbage".as_slice()
+            } else {
+                images.value(i)
+            }
+        })
+        .collect();
     let caps = string_column(&data, "caption");
-    let caps: Vec<&str> = caps.iter().enumerate().map(|(i, c)| if i == 7 { "  " } else { c.as_str() }).collect();
+    let caps: Vec<&str> = caps
+        .iter()
+        .enumerate()
+        .map(|(i, c)| if i == 7 { "  " } else { c.as_str() })
+        .collect();
     let keys = string_column(&data, "key");
     let out = dir.join("damaged.parquet");
     write_parquet(
@@ -176,21 +245,40 @@ fn undecodable_image_and_empty_caption_are_skipped_and_reported() {
     assert_eq!(v["unusable"], 2, "{v}");
 
     let run = tmp.path().join("run");
-    ok(&["fit", p(&data), "--out-dir", p(&run), "--epochs", "1", "--warmup-epochs", "1"]);
+    ok(&[
+        "fit",
+        p(&data),
+        "--out-dir",
+        p(&run),
+        "--epochs",
+        "1",
+        "--warmup-epochs",
+        "1",
+    ]);
     let (labels, meta) = read_labels(&run.join("labels.parquet")).unwrap();
     assert_eq!(labels.len(), 120, "every input row has a label row");
     assert_eq!(meta.get("ncclean.skipped").map(String::as_str), Some("2"));
     let l5 = &labels[5];
     assert_eq!(l5.status, RowStatus::Skipped);
-    assert!(l5.error.as_deref().unwrap_or("").contains("decode"), "{l5:?}");
+    assert!(
+        l5.error.as_deref().unwrap_or("").contains("decode"),
+        "{l5:?}"
+    );
     assert!(!l5.is_clean && l5.clean_prob.is_none());
     let l7 = &labels[7];
     assert_eq!(l7.status, RowStatus::Skipped);
-    assert!(l7.error.as_deref().unwrap_or("").contains("caption"), "{l7:?}");
-    assert!(labels.iter().enumerate().all(|(i, l)| (i == 5 || i == 7) == (l.status == RowStatus::Skipped)));
+    assert!(
+        l7.error.as_deref().unwrap_or("").contains("caption"),
+        "{l7:?}"
+    );
+    assert!(labels
+        .iter()
+        .enumerate()
+        .all(|(i, l)| (i == 5 || i == 7) == (l.status == RowStatus::Skipped)));
     let kept = string_column(&run.join("filtered.parquet"), "key");
     assert!(!kept.contains(&labels[5].key) && !kept.contains(&labels[7].key));
-    let stats: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("stats.json")).unwrap()).unwrap();
+    let stats: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("stats.json")).unwrap()).unwrap();
     assert_eq!(stats["skipped"], 2);
 }
 
@@ -198,13 +286,21 @@ fn undecodable_image_and_empty_caption_are_skipped_and_reported() {
 fn nan_embedding_row_is_skipped_and_embeddings_train() {
     let tmp = tempfile::tempdir().unwrap();
     // 80 pairs whose 8-d "image embedding" encodes the caption's word index.
-    let words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"];
+    let words = [
+        "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
+    ];
     let mut emb = ListBuilder::new(Float32Builder::new());
     let mut caps = Vec::new();
     for i in 0..80 {
         let w = i % 8;
         for d in 0..8 {
-            let v = if i == 3 && d == 0 { f32::NAN } else if d == w { 1.0 } else { 0.05 * ((i * 7 + d) % 5) as f32 };
+            let v = if i == 3 && d == 0 {
+                f32::NAN
+            } else if d == w {
+                1.0
+            } else {
+                0.05 * ((i * 7 + d) % 5) as f32
+            };
             emb.values().append_value(v);
         }
         emb.append(true);
@@ -219,13 +315,39 @@ fn nan_embedding_row_is_skipped_and_embeddings_train() {
         ],
     );
     let run = tmp.path().join("run");
-    ok(&["fit", p(&path), "--out-dir", p(&run), "--epochs", "2", "--warmup-epochs", "1", "--batch-size", "16"]);
+    ok(&[
+        "fit",
+        p(&path),
+        "--out-dir",
+        p(&run),
+        "--epochs",
+        "2",
+        "--warmup-epochs",
+        "1",
+        "--batch-size",
+        "16",
+    ]);
     let (labels, _) = read_labels(&run.join("labels.parquet")).unwrap();
     assert_eq!(labels.len(), 80);
     assert_eq!(labels[3].status, RowStatus::Skipped);
-    assert!(labels[3].error.as_deref().unwrap_or("").to_lowercase().contains("nan"), "{:?}", labels[3]);
-    assert_eq!(labels[3].key, "emb:3", "keys fall back to <file stem>:<row>");
-    assert_eq!(labels.iter().filter(|l| l.status == RowStatus::Ok).count(), 79);
+    assert!(
+        labels[3]
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .to_lowercase()
+            .contains("nan"),
+        "{:?}",
+        labels[3]
+    );
+    assert_eq!(
+        labels[3].key, "emb:3",
+        "keys fall back to <file stem>:<row>"
+    );
+    assert_eq!(
+        labels.iter().filter(|l| l.status == RowStatus::Ok).count(),
+        79
+    );
     let state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap()).unwrap();
     assert_eq!(state["model"]["image"]["kind"], "precomputed");
@@ -239,14 +361,23 @@ fn missing_caption_column_exits_3_with_a_useful_message() {
     write_parquet(
         &path,
         vec![
-            ("key", Arc::new(StringArray::from(vec!["a", "b"])) as ArrayRef),
-            ("image", Arc::new(BinaryArray::from(vec![b"x".as_slice(), b"y".as_slice()])) as ArrayRef),
+            (
+                "key",
+                Arc::new(StringArray::from(vec!["a", "b"])) as ArrayRef,
+            ),
+            (
+                "image",
+                Arc::new(BinaryArray::from(vec![b"x".as_slice(), b"y".as_slice()])) as ArrayRef,
+            ),
         ],
     );
     let out = ncclean(&["fit", p(&path), "--out-dir", p(&tmp.path().join("run"))]);
     assert_eq!(out.status.code(), Some(3));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("nocap.parquet") && err.contains("caption") && err.contains("--caption-col"), "{err}");
+    assert!(
+        err.contains("nocap.parquet") && err.contains("caption") && err.contains("--caption-col"),
+        "{err}"
+    );
     assert!(!tmp.path().join("run").join("labels.parquet").exists());
 }
 
@@ -262,27 +393,58 @@ fn empty_and_non_parquet_files_exit_3() {
             args.extend(["--out-dir", p(&run)]);
         }
         let out = ncclean(&args);
-        assert_eq!(out.status.code(), Some(3), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(String::from_utf8_lossy(&out.stderr).contains("empty.parquet"));
     }
     let text = tmp.path().join("notes.parquet");
     std::fs::write(&text, "hello, not parquet").unwrap();
     assert_eq!(ncclean(&["inspect", p(&text)]).status.code(), Some(3));
-    assert_eq!(ncclean(&["inspect", p(&tmp.path().join("missing.parquet"))]).status.code(), Some(3));
+    assert_eq!(
+        ncclean(&["inspect", p(&tmp.path().join("missing.parquet"))])
+            .status
+            .code(),
+        Some(3)
+    );
 }
 
 #[test]
 fn usage_errors_exit_2() {
     let tmp = tempfile::tempdir().unwrap();
     let data = demo(tmp.path(), 20);
-    let out = ncclean(&["fit", p(&data), "--out-dir", p(&tmp.path().join("r")), "--device", "cuda"]);
+    let out = ncclean(&[
+        "fit",
+        p(&data),
+        "--out-dir",
+        p(&tmp.path().join("r")),
+        "--device",
+        "cuda",
+    ]);
     if cfg!(not(feature = "cuda")) {
         assert_eq!(out.status.code(), Some(2));
         assert!(String::from_utf8_lossy(&out.stderr).contains("--features cuda"));
     }
-    let out = ncclean(&["corrupt", p(&data), "--rate", "1.5", "--out", p(&tmp.path().join("x.parquet"))]);
+    let out = ncclean(&[
+        "corrupt",
+        p(&data),
+        "--rate",
+        "1.5",
+        "--out",
+        p(&tmp.path().join("x.parquet")),
+    ]);
     assert_eq!(out.status.code(), Some(2));
-    let out = ncclean(&["fit", p(&data), "--out-dir", p(&tmp.path().join("r")), "--method", "nope"]);
+    let out = ncclean(&[
+        "fit",
+        p(&data),
+        "--out-dir",
+        p(&tmp.path().join("r")),
+        "--method",
+        "nope",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(ncclean(&["frobnicate"]).status.code(), Some(2));
 }
@@ -292,23 +454,51 @@ fn corrupt_records_ground_truth_and_permutation() {
     let tmp = tempfile::tempdir().unwrap();
     let data = demo(tmp.path(), 100);
     let noisy = tmp.path().join("noisy.parquet");
-    ok(&["corrupt", p(&data), "--rate", "0.2", "--seed", "5", "--out", p(&noisy)]);
+    ok(&[
+        "corrupt",
+        p(&data),
+        "--rate",
+        "0.2",
+        "--seed",
+        "5",
+        "--out",
+        p(&noisy),
+    ]);
     let f = File::open(&noisy).unwrap();
     let builder = ParquetRecordBatchReaderBuilder::try_new(f).unwrap();
-    let kv = builder.metadata().file_metadata().key_value_metadata().cloned().unwrap_or_default();
+    let kv = builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .cloned()
+        .unwrap_or_default();
     let get = |k: &str| kv.iter().find(|e| e.key == k).and_then(|e| e.value.clone());
     assert_eq!(get("ncclean.corrupt.seed").as_deref(), Some("5"));
     assert!(get("ncclean.corrupt.permutation").is_some());
-    assert_eq!(string_column(&noisy, "caption"), string_column(&data, "caption"), "captions stay");
+    assert_eq!(
+        string_column(&noisy, "caption"),
+        string_column(&data, "caption"),
+        "captions stay"
+    );
     let batches: Vec<RecordBatch> = builder.build().unwrap().map(|b| b.unwrap()).collect();
     let noisy_count: usize = batches
         .iter()
         .map(|b| {
             let c = b.column_by_name("noisy").unwrap();
-            let c = c.as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+            let c = c
+                .as_any()
+                .downcast_ref::<arrow_array::BooleanArray>()
+                .unwrap();
             c.true_count()
         })
         .sum();
     assert!(noisy_count > 10 && noisy_count <= 20, "{noisy_count}");
-    assert_eq!(batches[0].schema().field_with_name("noisy").unwrap().data_type(), &DataType::Boolean);
+    assert_eq!(
+        batches[0]
+            .schema()
+            .field_with_name("noisy")
+            .unwrap()
+            .data_type(),
+        &DataType::Boolean
+    );
 }

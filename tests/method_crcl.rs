@@ -1,49 +1,9 @@
 //! End-to-end test of `--method crcl` on demo data: fit, eval, score.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
+use common::{demo, eval_json, ncclean, ok, p};
 use ncclean::data::read_labels;
-
-fn ncclean(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ncclean"))
-        .args(args)
-        .output()
-        .expect("failed to start ncclean")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = ncclean(args);
-    assert!(
-        out.status.success(),
-        "ncclean {args:?} failed ({:?}):\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().expect("utf-8 temp path")
-}
-
-fn demo(dir: &Path, pairs: usize) -> PathBuf {
-    ok(&[
-        "demo",
-        "--out",
-        p(dir),
-        "--pairs",
-        &pairs.to_string(),
-        "--seed",
-        "0",
-    ]);
-    dir.join("demo.parquet")
-}
-
-fn eval_json(labels: &Path, truth: &Path) -> serde_json::Value {
-    let out = ok(&["eval", "--labels", p(labels), "--truth", p(truth), "--json"]);
-    serde_json::from_str(out.trim()).expect("eval --json prints one JSON object")
-}
 
 #[test]
 fn crcl_detects_injected_noise_and_score_reproduces_fit() {

@@ -1,27 +1,9 @@
 //! End-to-end test of `ncclean fit --method esc` on the demo data.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
 
+use common::{ok, p};
 use ncclean::data::read_labels;
-
-fn ok(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ncclean"))
-        .args(args)
-        .output()
-        .expect("failed to start ncclean");
-    assert!(
-        out.status.success(),
-        "ncclean {args:?} failed ({:?}):\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().expect("utf-8 temp path")
-}
 
 #[test]
 fn esc_detects_injected_noise_and_score_reproduces_fit() {

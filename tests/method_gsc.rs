@@ -1,28 +1,10 @@
 //! End-to-end run of `ncclean fit --method gsc` on the demo data: detection
 //! quality on injected noise, and `score` reproducing fit's labels.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
 
+use common::{ok, p};
 use ncclean::data::read_labels;
-
-fn ok(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ncclean"))
-        .args(args)
-        .output()
-        .expect("failed to start ncclean");
-    assert!(
-        out.status.success(),
-        "ncclean {args:?} failed ({:?}):\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().expect("utf-8 temp path")
-}
 
 #[test]
 fn gsc_detects_injected_noise_and_score_matches_fit() {

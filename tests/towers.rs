@@ -17,16 +17,27 @@ fn shared() -> Option<PathBuf> {
     let p = std::env::var_os("NCCLEAN_SHARED")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"));
-    let ok = p.join("models/mobilenet_v2/model.safetensors").is_file() && p.join("data/flickr8k/images").is_dir();
+    let ok = p.join("models/mobilenet_v2/model.safetensors").is_file()
+        && p.join("data/flickr8k/images").is_dir();
     if !ok {
-        eprintln!("skipped: {} lacks the MobileNetV2 weights or Flickr8k photos", p.display());
+        eprintln!(
+            "skipped: {} lacks the MobileNetV2 weights or Flickr8k photos",
+            p.display()
+        );
     }
     ok.then_some(p)
 }
 
 fn run(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ncclean")).args(args).output().unwrap();
-    assert!(out.status.success(), "ncclean {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(env!("CARGO_BIN_EXE_ncclean"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ncclean {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
@@ -56,11 +67,19 @@ fn small_flickr(shared: &Path, dir: &Path) -> PathBuf {
     images[11] = b"not a jpeg".to_vec();
     let cols: Vec<(&str, ArrayRef)> = vec![
         ("key", Arc::new(StringArray::from(keys))),
-        ("image", Arc::new(BinaryArray::from_iter_values(images.iter()))),
+        (
+            "image",
+            Arc::new(BinaryArray::from_iter_values(images.iter())),
+        ),
         ("caption", Arc::new(StringArray::from(caps))),
     ];
-    let schema = Arc::new(Schema::new(cols.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), false)).collect::<Vec<_>>()));
-    let batch = RecordBatch::try_new(schema.clone(), cols.into_iter().map(|c| c.1).collect()).unwrap();
+    let schema = Arc::new(Schema::new(
+        cols.iter()
+            .map(|(n, a)| Field::new(*n, a.data_type().clone(), false))
+            .collect::<Vec<_>>(),
+    ));
+    let batch =
+        RecordBatch::try_new(schema.clone(), cols.into_iter().map(|c| c.1).collect()).unwrap();
     let path = dir.join("small.parquet");
     let mut w = ArrowWriter::try_new(File::create(&path).unwrap(), schema, None).unwrap();
     w.write(&batch).unwrap();
@@ -78,24 +97,64 @@ fn mobilenet_features_are_cached_and_reused_by_score() {
     let run_dir = tmp.path().join("run");
     let p = |x: &Path| x.to_str().unwrap().to_string();
     let log = run(&[
-        "fit", &p(&data), "--out-dir", &p(&run_dir), "--image-encoder", "mobilenet_v2", "--image-model", &p(&weights),
-        "--cache-dir", &p(&cache), "--epochs", "2", "--warmup-epochs", "1", "--batch-size", "4",
+        "fit",
+        &p(&data),
+        "--out-dir",
+        &p(&run_dir),
+        "--image-encoder",
+        "mobilenet_v2",
+        "--image-model",
+        &p(&weights),
+        "--cache-dir",
+        &p(&cache),
+        "--epochs",
+        "2",
+        "--warmup-epochs",
+        "1",
+        "--batch-size",
+        "4",
     ]);
-    assert!(log.contains("images: encoded 6"), "6 photos plus one undecodable image: {log}");
+    assert!(
+        log.contains("images: encoded 6"),
+        "6 photos plus one undecodable image: {log}"
+    );
     let (labels, _) = read_labels(&run_dir.join("labels.parquet")).unwrap();
     assert_eq!(labels.len(), 12);
-    assert!(labels[11].error.as_deref().unwrap_or("").contains("decode"), "{:?}", labels[11]);
-    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(run_dir.join("checkpoint/state.json")).unwrap()).unwrap();
+    assert!(
+        labels[11].error.as_deref().unwrap_or("").contains("decode"),
+        "{:?}",
+        labels[11]
+    );
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("checkpoint/state.json")).unwrap())
+            .unwrap();
     assert_eq!(state["encoders"]["image"], "mobilenet_v2");
     assert_eq!(state["model"]["image"]["dim"], 1280);
 
     // score rebuilds the same tower from the checkpoint and hits the cache.
     let scored = tmp.path().join("scored.parquet");
-    let log = run(&["score", &p(&data), "--checkpoint", &p(&run_dir), "--out", &p(&scored), "--cache-dir", &p(&cache)]);
+    let log = run(&[
+        "score",
+        &p(&data),
+        "--checkpoint",
+        &p(&run_dir),
+        "--out",
+        &p(&scored),
+        "--cache-dir",
+        &p(&cache),
+    ]);
     assert!(log.contains("images: all 6 from the cache"), "{log}");
     assert_eq!(read_labels(&scored).unwrap().0, labels);
     // --no-cache recomputes and still agrees (cached values are f16-rounded both ways).
-    let log = run(&["score", &p(&data), "--checkpoint", &p(&run_dir), "--out", &p(&scored), "--no-cache"]);
+    let log = run(&[
+        "score",
+        &p(&data),
+        "--checkpoint",
+        &p(&run_dir),
+        "--out",
+        &p(&scored),
+        "--no-cache",
+    ]);
     assert!(log.contains("images: encoded 6"), "{log}");
     assert_eq!(read_labels(&scored).unwrap().0, labels);
 }
@@ -113,19 +172,49 @@ fn minilm_text_tower_trains_a_head() {
     let run_dir = tmp.path().join("run");
     let p = |x: &Path| x.to_str().unwrap().to_string();
     let log = run(&[
-        "fit", &p(&data), "--out-dir", &p(&run_dir), "--image-encoder", "mobilenet_v2", "--image-model", &p(&weights),
-        "--text-encoder", "minilm", "--text-model", &p(&minilm), "--no-cache", "--epochs", "2", "--warmup-epochs", "1",
-        "--batch-size", "4",
+        "fit",
+        &p(&data),
+        "--out-dir",
+        &p(&run_dir),
+        "--image-encoder",
+        "mobilenet_v2",
+        "--image-model",
+        &p(&weights),
+        "--text-encoder",
+        "minilm",
+        "--text-model",
+        &p(&minilm),
+        "--no-cache",
+        "--epochs",
+        "2",
+        "--warmup-epochs",
+        "1",
+        "--batch-size",
+        "4",
     ]);
     assert!(log.contains("captions: encoded 12"), "{log}");
-    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(run_dir.join("checkpoint/state.json")).unwrap()).unwrap();
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("checkpoint/state.json")).unwrap())
+            .unwrap();
     assert_eq!(state["model"]["text"]["dim"], 384);
     assert_eq!(state["encoders"]["text"], "minilm");
     let out = Command::new(env!("CARGO_BIN_EXE_ncclean"))
-        .args(["eval", "--retrieval", "--checkpoint", &p(&run_dir), &p(&data), "--no-cache", "--json"])
+        .args([
+            "eval",
+            "--retrieval",
+            "--checkpoint",
+            &p(&run_dir),
+            &p(&data),
+            "--no-cache",
+            "--json",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["images"], 6, "captions of one photo are grouped: {r}");
     assert_eq!(r["captions"], 11);

@@ -112,7 +112,12 @@ impl TextInputs {
     pub fn batch(&self, idx: &[usize], device: &Device) -> Result<TextBatch> {
         match self {
             TextInputs::Tokens(tokens) => {
-                let l = idx.iter().map(|&i| tokens[i].len()).max().unwrap_or(1).max(1);
+                let l = idx
+                    .iter()
+                    .map(|&i| tokens[i].len())
+                    .max()
+                    .unwrap_or(1)
+                    .max(1);
                 let mut ids = vec![0u32; idx.len() * l];
                 let mut mask = vec![0f32; idx.len() * l];
                 for (r, &i) in idx.iter().enumerate() {
@@ -175,7 +180,10 @@ mod tests {
         match texts.batch(&[0, 1], &dev)? {
             TextBatch::Tokens { ids, mask } => {
                 assert_eq!(ids.to_vec2::<u32>()?, vec![vec![5, 0, 0], vec![2, 3, 4]]);
-                assert_eq!(mask.to_vec2::<f32>()?, vec![vec![1., 0., 0.], vec![1., 1., 1.]]);
+                assert_eq!(
+                    mask.to_vec2::<f32>()?,
+                    vec![vec![1., 0., 0.], vec![1., 1., 1.]]
+                );
             }
             TextBatch::Embeddings(_) => panic!("expected tokens"),
         }

@@ -28,7 +28,8 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.broadcast_matmul(&self.weight.t()?)?.broadcast_add(&self.bias)
+        x.broadcast_matmul(&self.weight.t()?)?
+            .broadcast_add(&self.bias)
     }
 }
 
@@ -82,7 +83,9 @@ pub struct Embedding {
 impl Embedding {
     /// `vocab` rows of width `dim`.
     pub fn new(p: &mut ParamStore, name: &str, vocab: usize, dim: usize) -> Result<Self> {
-        let table = p.scoped(name, |p| p.var("weight", (vocab, dim), Init::Normal { std: 0.1 }))?;
+        let table = p.scoped(name, |p| {
+            p.var("weight", (vocab, dim), Init::Normal { std: 0.1 })
+        })?;
         Ok(Embedding { table })
     }
 

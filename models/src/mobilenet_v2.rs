@@ -57,7 +57,7 @@ enum Backend {
 
 /// Images per pass on CPU. The expanded activations of a few images stay in
 /// cache between the layers that write and read them; a whole batch of 32
-/// does not, and ran at about two thirds of the speed.
+/// does not, and ran at about 60% of the speed (2 and 4 measured the same).
 const CPU_CHUNK: usize = 4;
 
 /// Pretrained MobileNetV2 feature extractor and ImageNet classifier.
@@ -149,15 +149,17 @@ impl MobileNetV2 {
             return self.forward_chunk(&x, Backend::CpuKernels);
         }
         // Whole chunks run in parallel on candle's thread pool, handed out
-        // one at a time so a slow worker does not hold up the batch. (The
-        // layers inside still ask the pool for parallelism, which only
-        // matters once the other workers run out of chunks.)
+        // one at a time so a slow worker does not hold up the batch. On two
+        // idle cores this did ~135 images/s against ~89 for running chunks
+        // one after another with each layer split across the cores. (The
+        // layers still ask the pool for parallelism; that only matters once
+        // the other workers have run out of chunks.)
         let x = x.contiguous()?;
         let n_chunks = b.div_ceil(CPU_CHUNK);
         let next = AtomicUsize::new(0);
         let results: Vec<Mutex<Option<Result<MobileNetOutput>>>> =
             (0..n_chunks).map(|_| Mutex::new(None)).collect();
-        let workers = if std::env::var("MNV_SEQ").is_ok() { 1 } else { candle_core::utils::get_num_threads().clamp(1, n_chunks) };
+        let workers = candle_core::utils::get_num_threads().clamp(1, n_chunks);
         candle_core::cpu::kernels::par_for_each(workers, |_| loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
             if i >= n_chunks {

@@ -80,9 +80,10 @@ impl ParamStore {
         } else {
             format!("{}.{}", self.prefix.join("."), name)
         };
-        let mut data = self.varmap.data().lock().map_err(|_| {
-            candle_core::Error::Msg("parameter store lock poisoned".to_string())
-        })?;
+        let mut data =
+            self.varmap.data().lock().map_err(|_| {
+                candle_core::Error::Msg("parameter store lock poisoned".to_string())
+            })?;
         if data.contains_key(&full) {
             candle_core::bail!("parameter {full} defined twice");
         }
@@ -110,9 +111,12 @@ mod tests {
     fn same_seed_gives_same_values_and_names_are_scoped() -> Result<()> {
         let make = |seed| -> Result<(Vec<f32>, Vec<String>)> {
             let mut p = ParamStore::new(seed, &Device::Cpu);
-            let w = p.scoped("layer", |p| p.var("weight", (2, 3), Init::default_for_fan_in(3)))?;
+            let w = p.scoped("layer", |p| {
+                p.var("weight", (2, 3), Init::default_for_fan_in(3))
+            })?;
             p.var("bias", 2, Init::Zeros)?;
-            let mut names: Vec<String> = p.varmap().data().lock().unwrap().keys().cloned().collect();
+            let mut names: Vec<String> =
+                p.varmap().data().lock().unwrap().keys().cloned().collect();
             names.sort();
             Ok((w.flatten_all()?.to_vec1()?, names))
         };

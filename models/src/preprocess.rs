@@ -23,9 +23,10 @@ pub struct ImagePreprocess {
 ///
 /// Resampling always uses the triangle (bilinear) filter, which in the image
 /// crate widens its support when shrinking, like torchvision's antialiased
-/// bilinear `Resize`. CLIP's reference pipeline uses bicubic instead; the
-/// difference is a fraction of a grey level and one filter keeps cached
-/// features comparable across towers.
+/// bilinear `Resize`. CLIP's reference pipeline resamples bicubically, so
+/// CLIP towers see slightly softer edges than in the original; keeping one
+/// filter keeps the struct to the fields that vary between towers. Images
+/// already at the target size are not resampled at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ResizeMode {
@@ -146,6 +147,8 @@ impl ImagePreprocess {
                 if (nw, nh) == (size, size) {
                     return resized;
                 }
+                // Odd margins put the extra pixel after the crop (torchvision
+                // rounds half to even, so it can differ by one pixel).
                 let (x0, y0) = ((nw - size) / 2, (nh - size) / 2);
                 image::imageops::crop_imm(&resized, x0, y0, size, size).to_image()
             }

@@ -46,8 +46,10 @@ impl Vocab {
                 *counts.entry(w).or_default() += 1;
             }
         }
-        let mut list: Vec<(String, usize)> =
-            counts.into_iter().filter(|(_, n)| *n >= min_count).collect();
+        let mut list: Vec<(String, usize)> = counts
+            .into_iter()
+            .filter(|(_, n)| *n >= min_count)
+            .collect();
         list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         list.truncate(max_size.saturating_sub(2));
         Vocab::from_words(list.into_iter().map(|(w, _)| w).collect(), max_len)

@@ -78,19 +78,32 @@ pub const METHODS: &[&str] = &["vanilla", "esc", "gsc", "crcl", "recon"];
 
 /// Resolve a configuration: the method's preset, then `user` TOML (a partial
 /// table), then `overrides` (also a partial table, from flags).
-pub fn resolve(method: &str, user: Option<&str>, overrides: &toml::Table) -> Result<TrainConfig, String> {
+pub fn resolve(
+    method: &str,
+    user: Option<&str>,
+    overrides: &toml::Table,
+) -> Result<TrainConfig, String> {
     let preset = preset_text(method).ok_or_else(|| {
-        format!("unknown method {method:?}; available: {}", METHODS.join(", "))
+        format!(
+            "unknown method {method:?}; available: {}",
+            METHODS.join(", ")
+        )
     })?;
     let mut table: toml::Table = preset
         .parse()
         .map_err(|e| format!("built-in preset for {method} is invalid: {e}"))?;
     if let Some(u) = user {
-        let t: toml::Table = u.parse().map_err(|e| format!("config file is not valid TOML: {e}"))?;
+        let t: toml::Table = u
+            .parse()
+            .map_err(|e| format!("config file is not valid TOML: {e}"))?;
         // A config file may hold one table per method; take ours, else the top level.
         let t = match t.get(method) {
             Some(toml::Value::Table(inner)) => inner.clone(),
-            _ => t,
+            // Tables for other methods are not ours to apply.
+            _ => t
+                .into_iter()
+                .filter(|(k, _)| !METHODS.contains(&k.as_str()))
+                .collect(),
         };
         merge(&mut table, &t);
     }
@@ -118,14 +131,17 @@ fn merge(base: &mut toml::Table, over: &toml::Table) {
 pub fn parse_sets(sets: &[String]) -> Result<toml::Table, String> {
     let mut out = toml::Table::new();
     for s in sets {
-        let (key, value) = s
-            .split_once('=')
-            .ok_or_else(|| format!("--set {s:?}: expected KEY=VALUE, e.g. --set params.beta=0.3"))?;
+        let (key, value) = s.split_once('=').ok_or_else(|| {
+            format!("--set {s:?}: expected KEY=VALUE, e.g. --set params.beta=0.3")
+        })?;
         let parsed: toml::Table = format!("v = {}", value.trim())
             .parse()
             .or_else(|_| format!("v = {:?}", value.trim()).parse())
             .map_err(|e| format!("--set {s:?}: {e}"))?;
-        let v = parsed.get("v").cloned().unwrap_or(toml::Value::String(value.to_string()));
+        let v = parsed
+            .get("v")
+            .cloned()
+            .unwrap_or(toml::Value::String(value.to_string()));
         let parts: Vec<&str> = key.trim().split('.').collect();
         let mut t = &mut out;
         for p in &parts[..parts.len() - 1] {
@@ -142,7 +158,11 @@ pub fn parse_sets(sets: &[String]) -> Result<toml::Table, String> {
 
 /// Rebuild the model configuration a checkpoint needs, from the train config
 /// and the shape of the inputs.
-pub fn model_config(cfg: &TrainConfig, image: ncclean_models::ImageTowerConfig, text: ncclean_models::TextTowerConfig) -> ModelConfig {
+pub fn model_config(
+    cfg: &TrainConfig,
+    image: ncclean_models::ImageTowerConfig,
+    text: ncclean_models::TextTowerConfig,
+) -> ModelConfig {
     ModelConfig {
         image,
         text,
@@ -180,8 +200,22 @@ mod tests {
     }
 
     #[test]
+    fn a_file_with_tables_for_other_methods_does_not_leak_into_ours() {
+        let file = "[vanilla]\nepochs = 7\n";
+        let c = resolve("vanilla", Some(file), &toml::Table::new()).unwrap();
+        assert_eq!(c.epochs, 7);
+        let base = resolve("esc", None, &toml::Table::new()).unwrap();
+        assert_eq!(
+            resolve("esc", Some(file), &toml::Table::new()).unwrap(),
+            base
+        );
+    }
+
+    #[test]
     fn errors_name_the_problem() {
-        assert!(resolve("nope", None, &toml::Table::new()).unwrap_err().contains("unknown method"));
+        assert!(resolve("nope", None, &toml::Table::new())
+            .unwrap_err()
+            .contains("unknown method"));
         let e = resolve("vanilla", Some("epochz = 3"), &toml::Table::new()).unwrap_err();
         assert!(e.contains("epochz"), "{e}");
     }

@@ -443,10 +443,16 @@ impl Gsc {
             None
         } else {
             let d = self.divisions.as_ref().ok_or_else(|| {
-                candle_core::Error::Msg("this pipeline has no fitted division; run fit first".into())
+                candle_core::Error::Msg(
+                    "this pipeline has no fitted division; run fit first".into(),
+                )
             })?;
             if d.len() != self.nets.len() {
-                candle_core::bail!("checkpoint holds {} divisions for {} networks", d.len(), self.nets.len());
+                candle_core::bail!(
+                    "checkpoint holds {} divisions for {} networks",
+                    d.len(),
+                    self.nets.len()
+                );
             }
             Some(d)
         };
@@ -455,7 +461,8 @@ impl Gsc {
             let st = self.net_stats(k, data)?;
             let y_im = match stored {
                 Some(d) => d[k].clean_prob(&st.s_im),
-                None => Division::fit(&st.s_im, self.cfg.mixture, CleanSide::HighMean).clean_prob(&st.s_im),
+                None => Division::fit(&st.s_im, self.cfg.mixture, CleanSide::HighMean)
+                    .clean_prob(&st.s_im),
             };
             ys.push(combine(&st.y_cm, &y_im));
             stats.push(st.s_im);
@@ -537,7 +544,9 @@ impl Pipeline for Gsc {
             &refitted
         } else {
             self.label_division.as_ref().ok_or_else(|| {
-                candle_core::Error::Msg("this pipeline has no fitted division; run fit first".into())
+                candle_core::Error::Msg(
+                    "this pipeline has no fitted division; run fit first".into(),
+                )
             })?
         };
         obs.advance(1);
@@ -611,9 +620,12 @@ impl Pipeline for Gsc {
             }
         }
         self.divisions = divisions;
-        self.label_division = serde_json::from_value(state["label_division"].clone()).map_err(|e| {
-            candle_core::Error::Msg(format!("checkpoint state has no valid GSC label division: {e}"))
-        })?;
+        self.label_division =
+            serde_json::from_value(state["label_division"].clone()).map_err(|e| {
+                candle_core::Error::Msg(format!(
+                    "checkpoint state has no valid GSC label division: {e}"
+                ))
+            })?;
         for (name, v) in pairs {
             for (k, l) in self.labels.iter_mut().enumerate() {
                 if name == format!("y_cm_net{k}") {

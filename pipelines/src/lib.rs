@@ -24,13 +24,22 @@ pub use config::{TrainConfig, METHODS};
 pub use pipeline::{EpochStats, Observer, PairScores, Pipeline, Silent};
 
 /// Build the pipeline for `method`.
-pub fn build(method: &str, cfg: TrainConfig, model: &ModelConfig, seed: u64, device: &Device) -> Result<Box<dyn Pipeline>> {
+pub fn build(
+    method: &str,
+    cfg: TrainConfig,
+    model: &ModelConfig,
+    seed: u64,
+    device: &Device,
+) -> Result<Box<dyn Pipeline>> {
     match method {
         "vanilla" => Ok(Box::new(vanilla::Vanilla::new(cfg, model, seed, device)?)),
         "esc" => esc::build(cfg, model, seed, device),
         "gsc" => gsc::build(cfg, model, seed, device),
         "crcl" => crcl::build(cfg, model, seed, device),
         "recon" => recon::build(cfg, model, seed, device),
-        other => candle_core::bail!("unknown method {other:?}; available: {}", METHODS.join(", ")),
+        other => candle_core::bail!(
+            "unknown method {other:?}; available: {}",
+            METHODS.join(", ")
+        ),
     }
 }

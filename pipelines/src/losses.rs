@@ -19,7 +19,8 @@ pub fn per_sample_hinge(s: &Tensor, margin: f64) -> Result<Tensor> {
         return Tensor::zeros(n, s.dtype(), s.device());
     }
     let d = diagonal(s)?;
-    let off = (Tensor::ones((n, n), s.dtype(), s.device())? - Tensor::eye(n, s.dtype(), s.device())?)?;
+    let off =
+        (Tensor::ones((n, n), s.dtype(), s.device())? - Tensor::eye(n, s.dtype(), s.device())?)?;
     // row i: caption j against image i; column i: image j against caption i
     let cost_t = ((s.broadcast_sub(&d.unsqueeze(1)?)? + margin)?.relu()? * &off)?.sum(1)?;
     let cost_i = ((s.broadcast_sub(&d.unsqueeze(0)?)? + margin)?.relu()? * &off)?.sum(0)?;
@@ -67,7 +68,11 @@ mod tests {
         // S = [[0.9, 0.5, 0.1],
         //      [0.2, 0.3, 0.6],
         //      [0.4, 0.0, 0.8]]
-        Tensor::new(&[[0.9f32, 0.5, 0.1], [0.2, 0.3, 0.6], [0.4, 0.0, 0.8]], &Device::Cpu).unwrap()
+        Tensor::new(
+            &[[0.9f32, 0.5, 0.1], [0.2, 0.3, 0.6], [0.4, 0.0, 0.8]],
+            &Device::Cpu,
+        )
+        .unwrap()
     }
 
     fn close(a: &[f32], b: &[f32]) {
@@ -109,7 +114,10 @@ mod tests {
         let s = Tensor::new(&[[0.3f32]], &Device::Cpu)?;
         assert_eq!(per_sample_hinge(&s, 0.2)?.to_vec1::<f32>()?, vec![0.0]);
         let y = Tensor::new(&[1f32], &Device::Cpu)?;
-        assert_eq!(soft_margin_hinge(&s, &y, 0.2, 10.0)?.to_vec1::<f32>()?, vec![0.0]);
+        assert_eq!(
+            soft_margin_hinge(&s, &y, 0.2, 10.0)?.to_vec1::<f32>()?,
+            vec![0.0]
+        );
         Ok(())
     }
 }

@@ -17,7 +17,13 @@ pub struct Net {
 
 impl Net {
     /// A freshly initialised network; `seed` fixes its initial weights.
-    pub fn new(config: &ModelConfig, seed: u64, device: &Device, lr: f64, clip: f64) -> Result<Net> {
+    pub fn new(
+        config: &ModelConfig,
+        seed: u64,
+        device: &Device,
+        lr: f64,
+        clip: f64,
+    ) -> Result<Net> {
         let mut store = ParamStore::new(seed, device);
         let model = MatchingModel::new(config, &mut store)?;
         let varmap = store.into_varmap();
@@ -65,8 +71,12 @@ impl Net {
 
     /// Joint-space embeddings of images and captions `idx` (with gradients).
     pub fn batch_embeddings(&self, data: &PairInputs, idx: &[usize]) -> Result<(Tensor, Tensor)> {
-        let vi = self.model.embed_images(&data.images.batch(idx, &self.device)?)?;
-        let vt = self.model.embed_texts(&data.texts.batch(idx, &self.device)?)?;
+        let vi = self
+            .model
+            .embed_images(&data.images.batch(idx, &self.device)?)?;
+        let vt = self
+            .model
+            .embed_texts(&data.texts.batch(idx, &self.device)?)?;
         Ok((vi, vt))
     }
 
@@ -95,7 +105,11 @@ impl Net {
         let mut sq = 0f64;
         for v in &vars {
             if let Some(g) = grads.get(v.as_tensor()) {
-                sq += g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
+                sq += g
+                    .sqr()?
+                    .sum_all()?
+                    .to_dtype(candle_core::DType::F64)?
+                    .to_scalar::<f64>()?;
             }
         }
         let norm = sq.sqrt();

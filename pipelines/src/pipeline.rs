@@ -65,7 +65,12 @@ pub trait Pipeline {
     /// Number of epochs `fit` runs (warm-up included).
     fn total_epochs(&self) -> usize;
     /// Train one epoch.
-    fn run_epoch(&mut self, epoch: usize, data: &PairInputs, obs: &mut dyn Observer) -> Result<EpochStats>;
+    fn run_epoch(
+        &mut self,
+        epoch: usize,
+        data: &PairInputs,
+        obs: &mut dyn Observer,
+    ) -> Result<EpochStats>;
     /// After the last epoch: fit the division that `score` reuses.
     fn finalize(&mut self, data: &PairInputs, obs: &mut dyn Observer) -> Result<()>;
     /// Per-pair results. With `refit`, the division is refitted on `data`
@@ -87,5 +92,9 @@ pub trait Pipeline {
     /// Per-pair label state (arrays aligned with the training pairs).
     fn pair_state(&self) -> Vec<(String, Vec<f32>)>;
     /// Restore what [`Pipeline::state`] and [`Pipeline::pair_state`] returned.
-    fn load_state(&mut self, state: &serde_json::Value, pairs: Vec<(String, Vec<f32>)>) -> Result<()>;
+    fn load_state(
+        &mut self,
+        state: &serde_json::Value,
+        pairs: Vec<(String, Vec<f32>)>,
+    ) -> Result<()>;
 }

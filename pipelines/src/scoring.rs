@@ -29,8 +29,14 @@ pub fn hinge_statistic(
     let shuffles = shuffles.max(1);
     for _ in 0..shuffles {
         for b in shuffled_batches(&all, batch, rng) {
-            let ids = Tensor::from_vec(b.iter().map(|&i| i as u32).collect::<Vec<_>>(), b.len(), vi.device())?;
-            let s = vi.index_select(&ids, 0)?.matmul(&vt.index_select(&ids, 0)?.t()?)?;
+            let ids = Tensor::from_vec(
+                b.iter().map(|&i| i as u32).collect::<Vec<_>>(),
+                b.len(),
+                vi.device(),
+            )?;
+            let s = vi
+                .index_select(&ids, 0)?
+                .matmul(&vt.index_select(&ids, 0)?.t()?)?;
             let l: Vec<f32> = per_sample_hinge(&s, margin)?.to_vec1()?;
             for (&i, v) in b.iter().zip(l) {
                 acc[i] += v;

@@ -42,7 +42,12 @@ impl Vanilla {
     }
 
     fn lr_at(&self, epoch: usize) -> f64 {
-        let decays = self.cfg.lr_decay_epochs.iter().filter(|&&e| epoch >= e).count();
+        let decays = self
+            .cfg
+            .lr_decay_epochs
+            .iter()
+            .filter(|&&e| epoch >= e)
+            .count();
         self.cfg.lr * self.cfg.lr_decay.powi(decays as i32)
     }
 
@@ -50,7 +55,14 @@ impl Vanilla {
     /// batches) and the similarity S_ii, with a fixed shuffle stream.
     fn statistic(&self, data: &PairInputs, rng: &mut Rng) -> Result<(Vec<f32>, Vec<f32>)> {
         let (vi, vt) = self.net.embed_all(data, SCORE_CHUNK)?;
-        let stat = hinge_statistic(&vi, &vt, self.cfg.batch_size, self.cfg.division_shuffles, self.cfg.margin, rng)?;
+        let stat = hinge_statistic(
+            &vi,
+            &vt,
+            self.cfg.batch_size,
+            self.cfg.division_shuffles,
+            self.cfg.margin,
+            rng,
+        )?;
         Ok((stat, pair_similarity(&vi, &vt)?))
     }
 
@@ -68,7 +80,12 @@ impl Pipeline for Vanilla {
         self.cfg.epochs
     }
 
-    fn run_epoch(&mut self, epoch: usize, data: &PairInputs, obs: &mut dyn Observer) -> Result<EpochStats> {
+    fn run_epoch(
+        &mut self,
+        epoch: usize,
+        data: &PairInputs,
+        obs: &mut dyn Observer,
+    ) -> Result<EpochStats> {
         self.net.set_lr(self.lr_at(epoch));
         let n = data.len();
         let mut rng = Rng::derive(self.seed, &format!("epoch-{epoch}"));
@@ -79,13 +96,18 @@ impl Pipeline for Vanilla {
             let (stat, _) = self.statistic(data, &mut rng)?;
             let div = Division::fit(&stat, self.cfg.mixture, CleanSide::LowMean);
             let prob = div.clean_prob(&stat);
-            let train: Vec<usize> = (0..n).filter(|&i| prob[i] as f64 > self.cfg.threshold).collect();
+            let train: Vec<usize> = (0..n)
+                .filter(|&i| prob[i] as f64 > self.cfg.threshold)
+                .collect();
             let frac = train.len() as f64 / n.max(1) as f64;
             self.labels = prob.clone();
             (train, prob, Some(frac))
         };
         let batches = shuffled_batches(&train, self.cfg.batch_size, &mut rng);
-        obs.start(if warmup { "warm-up" } else { "train" }, batches.len() as u64);
+        obs.start(
+            if warmup { "warm-up" } else { "train" },
+            batches.len() as u64,
+        );
         let mut total = 0f64;
         for b in &batches {
             let s = self.net.batch_similarity(data, b)?;
@@ -129,9 +151,11 @@ impl Pipeline for Vanilla {
             refitted = Division::fit(&stat, self.cfg.mixture, CleanSide::LowMean);
             &refitted
         } else {
-            self.division
-                .as_ref()
-                .ok_or_else(|| candle_core::Error::Msg("this pipeline has no fitted division; run fit first".into()))?
+            self.division.as_ref().ok_or_else(|| {
+                candle_core::Error::Msg(
+                    "this pipeline has no fitted division; run fit first".into(),
+                )
+            })?
         };
         let clean_prob = div.clean_prob(&stat);
         obs.advance(1);
@@ -170,9 +194,14 @@ impl Pipeline for Vanilla {
         vec![("labels".to_string(), self.labels.clone())]
     }
 
-    fn load_state(&mut self, state: &serde_json::Value, pairs: Vec<(String, Vec<f32>)>) -> Result<()> {
-        self.division = serde_json::from_value(state["division"].clone())
-            .map_err(|e| candle_core::Error::Msg(format!("checkpoint state has no valid division: {e}")))?;
+    fn load_state(
+        &mut self,
+        state: &serde_json::Value,
+        pairs: Vec<(String, Vec<f32>)>,
+    ) -> Result<()> {
+        self.division = serde_json::from_value(state["division"].clone()).map_err(|e| {
+            candle_core::Error::Msg(format!("checkpoint state has no valid division: {e}"))
+        })?;
         for (name, v) in pairs {
             if name == "labels" {
                 self.labels = v;

@@ -27,7 +27,10 @@ pub struct CorruptArgs {
 
 pub fn run(a: CorruptArgs, rep: &Reporter) -> Result<()> {
     if !(0.0..=1.0).contains(&a.rate) || a.rate.is_nan() {
-        return Err(Error::Usage(format!("--rate must be between 0 and 1, got {}", a.rate)));
+        return Err(Error::Usage(format!(
+            "--rate must be between 0 and 1, got {}",
+            a.rate
+        )));
     }
     let input = a.data.open()?;
     let s = crate::corrupt::corrupt(&input, a.rate, a.seed, &a.out)?;

@@ -35,12 +35,15 @@ const ROW_GROUP: usize = 1024;
 
 pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
     if a.image_size < MIN_IMAGE_SIZE {
-        return Err(Error::Usage(format!("--image-size must be at least {MIN_IMAGE_SIZE}")));
+        return Err(Error::Usage(format!(
+            "--image-size must be at least {MIN_IMAGE_SIZE}"
+        )));
     }
     if a.pairs == 0 {
         return Err(Error::Usage("--pairs must be at least 1".into()));
     }
-    std::fs::create_dir_all(&a.out).with_context(|| format!("cannot create {}", a.out.display()))?;
+    std::fs::create_dir_all(&a.out)
+        .with_context(|| format!("cannot create {}", a.out.display()))?;
     let path = a.out.join("demo.parquet");
     let pairs = generate(&DemoOptions {
         pairs: a.pairs,
@@ -57,7 +60,10 @@ pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
         Field::new("size", DataType::Utf8, false),
     ]));
     let mut meta = BTreeMap::new();
-    meta.insert("ncclean.version".to_string(), env!("CARGO_PKG_VERSION").to_string());
+    meta.insert(
+        "ncclean.version".to_string(),
+        env!("CARGO_PKG_VERSION").to_string(),
+    );
     meta.insert("ncclean.demo.seed".to_string(), a.seed.to_string());
     meta.insert("ncclean.demo.pairs".to_string(), a.pairs.to_string());
     let mut w = AtomicParquetWriter::create(&path, schema.clone(), &meta)?;
@@ -65,7 +71,9 @@ pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
         let col = |f: &dyn Fn(&crate::demo::DemoPair) -> &str| -> ArrayRef {
             Arc::new(StringArray::from_iter_values(chunk.iter().map(f)))
         };
-        let images: ArrayRef = Arc::new(BinaryArray::from_iter_values(chunk.iter().map(|p| p.image.as_slice())));
+        let images: ArrayRef = Arc::new(BinaryArray::from_iter_values(
+            chunk.iter().map(|p| p.image.as_slice()),
+        ));
         let batch = RecordBatch::try_new(
             schema.clone(),
             vec![

@@ -5,7 +5,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use arrow_array::{Array, BooleanArray, Int32Array, Int64Array, LargeStringArray, StringArray, UInt64Array};
+use arrow_array::{
+    Array, BooleanArray, Int32Array, Int64Array, LargeStringArray, StringArray, UInt64Array,
+};
 use clap::Args;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
@@ -76,9 +78,14 @@ const KEY_CANDIDATES: &[&str] = &["key", "uid", "SAMPLE_ID", "id", "image_id", "
 
 /// Read `(key, noisy)` from the truth file.
 fn read_truth(path: &Path, truth_col: &str, key_col: Option<&str>) -> Result<Vec<(String, bool)>> {
-    let file = File::open(path).map_err(|e| invalid(format!("cannot open truth file {}: {e}", path.display())))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| invalid(format!("{}: not a readable parquet file: {e}", path.display())))?;
+    let file = File::open(path)
+        .map_err(|e| invalid(format!("cannot open truth file {}: {e}", path.display())))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
+        invalid(format!(
+            "{}: not a readable parquet file: {e}",
+            path.display()
+        ))
+    })?;
     let schema = builder.schema().clone();
     let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
     let find = |n: &str| names.iter().position(|c| *c == n);
@@ -91,7 +98,11 @@ fn read_truth(path: &Path, truth_col: &str, key_col: Option<&str>) -> Result<Vec
     })?;
     let key_idx = match key_col {
         Some(k) => Some(find(k).ok_or_else(|| {
-            invalid(format!("{}: key column {k:?} not found; columns are: [{}]", path.display(), names.join(", ")))
+            invalid(format!(
+                "{}: key column {k:?} not found; columns are: [{}]",
+                path.display(),
+                names.join(", ")
+            ))
         })?),
         None => KEY_CANDIDATES.iter().find_map(|k| find(k)),
     };
@@ -102,18 +113,38 @@ fn read_truth(path: &Path, truth_col: &str, key_col: Option<&str>) -> Result<Vec
         .with_projection(mask)
         .build()
         .with_context(|| format!("reading {}", path.display()))?;
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let mut out = Vec::new();
     for batch in reader {
         let batch = batch.with_context(|| format!("reading {}", path.display()))?;
         let truth = batch
             .column_by_name(truth_col)
             .and_then(|c| c.as_any().downcast_ref::<BooleanArray>())
-            .ok_or_else(|| invalid(format!("{}: column {truth_col:?} must be boolean", path.display())))?;
+            .ok_or_else(|| {
+                invalid(format!(
+                    "{}: column {truth_col:?} must be boolean",
+                    path.display()
+                ))
+            })?;
         let keys: Option<Vec<String>> = match key_idx {
-            Some(k) => Some(key_strings(batch.column_by_name(names[k]).context("key column")?.as_ref()).ok_or_else(|| {
-                invalid(format!("{}: key column {:?} must be a string or integer", path.display(), names[k]))
-            })?),
+            Some(k) => Some(
+                key_strings(
+                    batch
+                        .column_by_name(names[k])
+                        .context("key column")?
+                        .as_ref(),
+                )
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "{}: key column {:?} must be a string or integer",
+                        path.display(),
+                        names[k]
+                    ))
+                })?,
+            ),
             None => None,
         };
         for i in 0..batch.num_rows() {
@@ -122,7 +153,11 @@ fn read_truth(path: &Path, truth_col: &str, key_col: Option<&str>) -> Result<Vec
                 None => format!("{stem}:{}", out.len()),
             };
             if truth.is_null(i) {
-                return Err(invalid(format!("{}: {truth_col:?} is null in row {}", path.display(), out.len())));
+                return Err(invalid(format!(
+                    "{}: {truth_col:?} is null in row {}",
+                    path.display(),
+                    out.len()
+                )));
             }
             out.push((key, truth.value(i)));
         }
@@ -133,7 +168,11 @@ fn read_truth(path: &Path, truth_col: &str, key_col: Option<&str>) -> Result<Vec
 fn key_strings(a: &dyn Array) -> Option<Vec<String>> {
     let any = a.as_any();
     let n = a.len();
-    let get = |f: &dyn Fn(usize) -> String| (0..n).map(|i| if a.is_null(i) { String::new() } else { f(i) }).collect();
+    let get = |f: &dyn Fn(usize) -> String| {
+        (0..n)
+            .map(|i| if a.is_null(i) { String::new() } else { f(i) })
+            .collect()
+    };
     if let Some(s) = any.downcast_ref::<StringArray>() {
         Some(get(&|i| s.value(i).to_string()))
     } else if let Some(s) = any.downcast_ref::<LargeStringArray>() {
@@ -143,7 +182,8 @@ fn key_strings(a: &dyn Array) -> Option<Vec<String>> {
     } else if let Some(s) = any.downcast_ref::<Int32Array>() {
         Some(get(&|i| s.value(i).to_string()))
     } else {
-        any.downcast_ref::<UInt64Array>().map(|s| get(&|i| s.value(i).to_string()))
+        any.downcast_ref::<UInt64Array>()
+            .map(|s| get(&|i| s.value(i).to_string()))
     }
 }
 
@@ -151,7 +191,9 @@ fn key_strings(a: &dyn Array) -> Option<Vec<String>> {
 pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detection> {
     let map: HashMap<&str, bool> = truth.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     if map.len() != truth.len() {
-        return Err(invalid("the truth file has duplicate keys; pass --truth-key-col with a unique column"));
+        return Err(invalid(
+            "the truth file has duplicate keys; pass --truth-key-col with a unique column",
+        ));
     }
     let mut scores = Vec::new();
     let mut is_noisy = Vec::new();
@@ -192,10 +234,15 @@ pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detect
 
 fn run_retrieval(a: &EvalArgs, rep: &Reporter) -> Result<()> {
     if a.data.is_empty() {
-        return Err(crate::Error::Usage("eval --retrieval needs the held-out DATA to retrieve in".into()));
+        return Err(crate::Error::Usage(
+            "eval --retrieval needs the held-out DATA to retrieve in".into(),
+        ));
     }
     let device = crate::device::open(&a.device)?;
-    let checkpoint = a.checkpoint.as_deref().ok_or_else(|| crate::Error::Usage("--retrieval needs --checkpoint".into()))?;
+    let checkpoint = a
+        .checkpoint
+        .as_deref()
+        .ok_or_else(|| crate::Error::Usage("--retrieval needs --checkpoint".into()))?;
     let engine = crate::engine::Engine::load(checkpoint, &device)?;
     let input = crate::data::InputSet::open(&a.data, &crate::data::ColumnOptions::default())?;
     let prepared = engine.prepare(&input, &a.cache.options(), rep)?;
@@ -214,11 +261,25 @@ fn run_retrieval(a: &EvalArgs, rep: &Reporter) -> Result<()> {
     let sim = engine.similarity_matrix(&prepared, &images, &captions)?;
     let r = crate::retrieval::retrieval(&sim, images.len(), &owner);
     if a.json {
-        println!("{}", serde_json::to_string(&r).context("serialising metrics")?);
+        println!(
+            "{}",
+            serde_json::to_string(&r).context("serialising metrics")?
+        );
     } else {
-        println!("{} images, {} captions ({} rows skipped)", r.images, r.captions, prepared.skipped());
-        println!("image->text  R@1 {:.1}  R@5 {:.1}  R@10 {:.1}", r.i2t_r1, r.i2t_r5, r.i2t_r10);
-        println!("text->image  R@1 {:.1}  R@5 {:.1}  R@10 {:.1}", r.t2i_r1, r.t2i_r5, r.t2i_r10);
+        println!(
+            "{} images, {} captions ({} rows skipped)",
+            r.images,
+            r.captions,
+            prepared.skipped()
+        );
+        println!(
+            "image->text  R@1 {:.1}  R@5 {:.1}  R@10 {:.1}",
+            r.i2t_r1, r.i2t_r5, r.i2t_r10
+        );
+        println!(
+            "text->image  R@1 {:.1}  R@5 {:.1}  R@10 {:.1}",
+            r.t2i_r1, r.t2i_r5, r.t2i_r10
+        );
         println!("rSum {:.1}", r.rsum);
     }
     Ok(())
@@ -229,19 +290,33 @@ pub fn run(a: EvalArgs, rep: &Reporter) -> Result<()> {
         return run_retrieval(&a, rep);
     }
     let (Some(labels_path), Some(truth_path)) = (&a.labels, &a.truth) else {
-        return Err(crate::Error::Usage("eval needs --labels and --truth (or --retrieval)".into()));
+        return Err(crate::Error::Usage(
+            "eval needs --labels and --truth (or --retrieval)".into(),
+        ));
     };
     let (labels, _) = data::read_labels(labels_path)?;
     let truth = read_truth(truth_path, &a.truth_col, a.truth_key_col.as_deref())?;
     let d = detection(&labels, &truth)?;
     if a.json {
-        println!("{}", serde_json::to_string(&d).context("serialising metrics")?);
+        println!(
+            "{}",
+            serde_json::to_string(&d).context("serialising metrics")?
+        );
     } else {
-        let f = |v: Option<f64>| v.map(|v| format!("{v:.4}")).unwrap_or_else(|| "n/a (one class only)".into());
-        println!("pairs evaluated: {} ({} noisy, {} skipped rows not evaluated)", d.n, d.noisy, d.skipped);
+        let f = |v: Option<f64>| {
+            v.map(|v| format!("{v:.4}"))
+                .unwrap_or_else(|| "n/a (one class only)".into())
+        };
+        println!(
+            "pairs evaluated: {} ({} noisy, {} skipped rows not evaluated)",
+            d.n, d.noisy, d.skipped
+        );
         println!("AUROC (1 - clean_prob, noisy class): {}", f(d.auroc));
         println!("average precision:                   {}", f(d.ap));
-        println!("is_clean = false  precision {:.4}  recall {:.4}  F1 {:.4}", d.precision, d.recall, d.f1);
+        println!(
+            "is_clean = false  precision {:.4}  recall {:.4}  F1 {:.4}",
+            d.precision, d.recall, d.f1
+        );
     }
     Ok(())
 }

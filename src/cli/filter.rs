@@ -56,10 +56,15 @@ pub fn fraction_cut(probs: &[f32], fraction: f64) -> f64 {
 }
 
 pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
-    for (name, v) in [("--min-prob", a.min_prob), ("--keep-fraction", a.keep_fraction)] {
+    for (name, v) in [
+        ("--min-prob", a.min_prob),
+        ("--keep-fraction", a.keep_fraction),
+    ] {
         if let Some(v) = v {
             if !(0.0..=1.0).contains(&v) {
-                return Err(Error::Usage(format!("{name} must be between 0 and 1, got {v}")));
+                return Err(Error::Usage(format!(
+                    "{name} must be between 0 and 1, got {v}"
+                )));
             }
         }
     }
@@ -78,11 +83,20 @@ pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
         Rule::MinProb(p) | Rule::Cut(p) => l.clean_prob.is_some_and(|c| c as f64 >= p),
     })?;
     let mut meta = BTreeMap::new();
-    meta.insert("ncclean.version".to_string(), env!("CARGO_PKG_VERSION").to_string());
-    meta.insert("ncclean.filter.labels".to_string(), a.labels.display().to_string());
+    meta.insert(
+        "ncclean.version".to_string(),
+        env!("CARGO_PKG_VERSION").to_string(),
+    );
+    meta.insert(
+        "ncclean.filter.labels".to_string(),
+        a.labels.display().to_string(),
+    );
     meta.insert("ncclean.filter.rule".to_string(), format!("{rule:?}"));
     let s = data::write_filtered(&input, &keep, &a.out, &meta)?;
-    rep.info(&format!("kept {} of {} rows ({rule:?})", s.rows_out, s.rows_in));
+    rep.info(&format!(
+        "kept {} of {} rows ({rule:?})",
+        s.rows_out, s.rows_in
+    ));
     println!(
         "{}",
         serde_json::json!({ "out": a.out.display().to_string(), "rows_in": s.rows_in, "rows_out": s.rows_out })

@@ -20,7 +20,7 @@ pub struct FitArgs {
     pub encoders: EncoderArgs,
     #[command(flatten)]
     pub cache: CacheArgs,
-    /// Method: vanilla (NCR-like reference), esc, gsc, crcl. Defaults in pipelines/presets/<method>.toml.
+    /// Method: vanilla (NCR-like reference), esc, gsc, crcl, recon (demo towers only). Defaults in pipelines/presets/<method>.toml.
     #[arg(long, default_value = "vanilla", value_parser = clap::builder::PossibleValuesParser::new(ncclean_pipelines::METHODS))]
     pub method: String,
     /// Run directory: run.json, checkpoint/, labels.parquet, filtered.parquet, stats.json.
@@ -79,24 +79,30 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     let device = crate::device::open(&a.device)?;
     let user = match &a.config {
         Some(p) => Some(
-            std::fs::read_to_string(p).map_err(|e| invalid(format!("cannot read config file {}: {e}", p.display())))?,
+            std::fs::read_to_string(p)
+                .map_err(|e| invalid(format!("cannot read config file {}: {e}", p.display())))?,
         ),
         None => None,
     };
-    let config = ncclean_pipelines::config::resolve(&a.method, user.as_deref(), &overrides(&a)?).map_err(|e| {
-        match &a.config {
+    let config = ncclean_pipelines::config::resolve(&a.method, user.as_deref(), &overrides(&a)?)
+        .map_err(|e| match &a.config {
             Some(p) => invalid(format!("{}: {e}", p.display())),
             None => Error::Usage(e),
-        }
-    })?;
+        })?;
     if config.batch_size < 2 {
-        return Err(Error::Usage("batch_size must be at least 2 (in-batch negatives)".into()));
+        return Err(Error::Usage(
+            "batch_size must be at least 2 (in-batch negatives)".into(),
+        ));
     }
     if !(0.0..=1.0).contains(&config.threshold) {
-        return Err(Error::Usage(format!("threshold must be in [0, 1], got {}", config.threshold)));
+        return Err(Error::Usage(format!(
+            "threshold must be in [0, 1], got {}",
+            config.threshold
+        )));
     }
     let input = a.data.open()?;
-    std::fs::create_dir_all(&a.out_dir).with_context(|| format!("cannot create {}", a.out_dir.display()))?;
+    std::fs::create_dir_all(&a.out_dir)
+        .with_context(|| format!("cannot create {}", a.out_dir.display()))?;
     let encoders = crate::encoders::EncoderSpec::resolve(
         &input,
         a.encoders.image_encoder,

@@ -93,12 +93,17 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
     println!("  caption: {}", c.caption);
     println!(
         "  key:     {}",
-        c.key.clone().unwrap_or_else(|| "(none: keys are <file stem>:<row>)".into())
+        c.key
+            .clone()
+            .unwrap_or_else(|| "(none: keys are <file stem>:<row>)".into())
     );
     if let Some(d) = input.embedding_dim {
         println!("  embedding length: {d}");
     }
-    println!("rows: {total}, usable: {}, unusable: {unusable}", total - unusable);
+    println!(
+        "rows: {total}, usable: {}, unusable: {unusable}",
+        total - unusable
+    );
     for (why, n) in &reasons {
         println!("  {n:>8}  {why}");
     }

@@ -54,7 +54,7 @@ enum Command {
     Score(score::ScoreArgs),
     /// Keep the rows that labels call clean (or above a probability, or a top fraction).
     Filter(filter::FilterArgs),
-    /// Detection metrics of labels against ground truth (AUROC, AP, precision/recall/F1).
+    /// Detection metrics against ground truth (AUROC, AP, P/R/F1), or retrieval R@K of a checkpoint (--retrieval).
     Eval(eval::EvalArgs),
 }
 
@@ -134,7 +134,9 @@ impl CacheArgs {
             dir: if self.no_cache {
                 None
             } else {
-                self.cache_dir.clone().or_else(crate::features::CacheOptions::default_dir)
+                self.cache_dir
+                    .clone()
+                    .or_else(crate::features::CacheOptions::default_dir)
             },
         }
     }

@@ -1,0 +1,67 @@
+//! Helpers shared by the end-to-end tests: run the binary, make demo data.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Run `ncclean` with `args`.
+pub fn ncclean(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ncclean"))
+        .args(args)
+        .output()
+        .expect("failed to start ncclean")
+}
+
+/// Run `ncclean` with `args`, assert success, return stdout.
+pub fn ok(args: &[&str]) -> String {
+    let out = ncclean(args);
+    assert!(
+        out.status.success(),
+        "ncclean {args:?} failed ({:?}):\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A temp path as a command-line argument.
+pub fn p(path: &Path) -> &str {
+    path.to_str().expect("utf-8 temp path")
+}
+
+/// `ncclean demo` with `pairs` pairs (seed 0) into `dir`.
+pub fn demo(dir: &Path, pairs: usize) -> PathBuf {
+    ok(&[
+        "demo",
+        "--out",
+        p(dir),
+        "--pairs",
+        &pairs.to_string(),
+        "--seed",
+        "0",
+    ]);
+    dir.join("demo.parquet")
+}
+
+/// 2,000 demo pairs with 30% injected noise (corrupt seed 1).
+pub fn noisy_demo(dir: &Path) -> PathBuf {
+    let data = demo(dir, 2000);
+    let noisy = dir.join("noisy.parquet");
+    ok(&[
+        "corrupt",
+        p(&data),
+        "--rate",
+        "0.3",
+        "--seed",
+        "1",
+        "--out",
+        p(&noisy),
+    ]);
+    noisy
+}
+
+/// `ncclean eval --json` of labels against ground truth.
+pub fn eval_json(labels: &Path, truth: &Path) -> serde_json::Value {
+    let out = ok(&["eval", "--labels", p(labels), "--truth", p(truth), "--json"]);
+    serde_json::from_str(out.trim()).expect("eval --json prints one JSON object")
+}
