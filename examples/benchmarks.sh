@@ -21,7 +21,8 @@ for rate in 0.2 0.5; do
   [ -f "$train" ] || $bin corrupt "$out/train.parquet" --rate "$rate" --seed 0 --out "$train" >/dev/null
   for m in "${methods[@]}"; do
     run="$out/bench/$m-$rate"
-    # Warm the feature cache outside the timed run (it is shared by all runs).
+    mkdir -p "$(dirname "$run")"
+    [ -x /usr/bin/time ] || { echo "needs GNU time (apt-get install time) for peak memory" >&2; exit 2; }
     /usr/bin/time -f "%e %M" -o "$run.time" $bin fit "$train" --method "$m" --out-dir "$run" "${towers[@]}" \
       --config examples/configs/flickr8k.toml --seed 0 >/dev/null 2>"$run.log"
     read -r wall rss < "$run.time"

@@ -122,31 +122,11 @@ fn decode_parallel(
     values: &[Option<&ImageValue>],
     spec: ImageSpec,
 ) -> Vec<std::result::Result<ImageOut, String>> {
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    let chunk = values.len().div_ceil(threads).max(1);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = values
-            .chunks(chunk)
-            .map(|c| {
-                s.spawn(move || {
-                    c.iter()
-                        .map(|v| match v {
-                            Some(v) => decode_image(v, spec),
-                            None => Err("no image".to_string()),
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| vec![Err("image decoder panicked".to_string())])
-            })
-            .collect()
+    features::parallel_map(values, |v| match v {
+        // A decoder bug on one malformed image must not end the whole run.
+        Some(v) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode_image(v, spec)))
+            .unwrap_or_else(|_| Err("the image decoder crashed on this image".to_string())),
+        None => Err("no image".to_string()),
     })
 }
 

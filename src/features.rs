@@ -517,7 +517,11 @@ pub fn extract(
                     }
                 }
             }
-            let decoded = parallel_map(&todo, |(_, b)| pre.apply(b));
+            let decoded = parallel_map(&todo, |(_, b)| {
+                // A decoder bug on one malformed image must not end the whole run.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pre.apply(b)))
+                    .unwrap_or_else(|_| Err("the image decoder crashed on this image".to_string()))
+            });
             for ((key, _), d) in todo.into_iter().zip(decoded) {
                 match d {
                     Ok(px) => pending_img.push((key, px)),
@@ -613,7 +617,7 @@ fn encode_texts(tower: &TextTower, chunk: &[(Key, String)], side: &mut Side) -> 
 }
 
 /// Map `f` over `items` on all cores, preserving order.
-fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+pub(crate) fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     if items.is_empty() {
         return Vec::new();
     }

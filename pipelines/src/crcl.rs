@@ -53,7 +53,6 @@
 //!   used: CRCL has no warm-up (the label freeze plays that role) and no hinge.
 
 use candle_core::{Device, Result, Tensor, D};
-use candle_nn::VarMap;
 use ncclean_models::layers::log_softmax_last;
 use ncclean_models::rng::Rng;
 use ncclean_models::{ModelConfig, PairInputs};
@@ -385,6 +384,14 @@ impl Pipeline for Crcl {
         self.params.piece_lengths().iter().sum()
     }
 
+    fn nets(&self) -> Vec<&Net> {
+        vec![&self.net]
+    }
+
+    fn nets_mut(&mut self) -> Vec<&mut Net> {
+        vec![&mut self.net]
+    }
+
     fn run_epoch(
         &mut self,
         epoch: usize,
@@ -485,18 +492,6 @@ impl Pipeline for Crcl {
             similarity,
             statistic: stat,
         })
-    }
-
-    fn embed(&self, data: &PairInputs) -> Result<Vec<(Tensor, Tensor)>> {
-        Ok(vec![self.net.embed_all(data, SCORE_CHUNK)?])
-    }
-
-    fn weights(&self) -> Vec<(String, &VarMap)> {
-        vec![("net0".to_string(), self.net.varmap())]
-    }
-
-    fn weights_mut(&mut self) -> Vec<(String, &mut VarMap)> {
-        vec![("net0".to_string(), self.net.varmap_mut())]
     }
 
     fn state(&self) -> serde_json::Value {
@@ -823,7 +818,7 @@ mod tests {
     }
 
     /// All parameters by name, in name order (`all_vars` has no fixed order).
-    fn named_weights(v: &VarMap) -> Result<Vec<(String, Vec<f32>)>> {
+    fn named_weights(v: &candle_nn::VarMap) -> Result<Vec<(String, Vec<f32>)>> {
         let data = v.data().lock().expect("varmap lock");
         let mut out = Vec::new();
         for (k, var) in data.iter() {

@@ -67,7 +67,6 @@
 //!   `l_div` as above.
 
 use candle_core::{Device, Result, Tensor};
-use candle_nn::VarMap;
 use ncclean_models::rng::Rng;
 use ncclean_models::{ModelConfig, PairInputs};
 use serde::{Deserialize, Serialize};
@@ -586,6 +585,14 @@ impl Pipeline for Esc {
         self.cfg.epochs
     }
 
+    fn nets(&self) -> Vec<&Net> {
+        self.nets.iter().collect()
+    }
+
+    fn nets_mut(&mut self) -> Vec<&mut Net> {
+        self.nets.iter_mut().collect()
+    }
+
     fn run_epoch(
         &mut self,
         epoch: usize,
@@ -706,29 +713,6 @@ impl Pipeline for Esc {
             similarity: st.similarity,
             statistic: st.l_div,
         })
-    }
-
-    fn embed(&self, data: &PairInputs) -> Result<Vec<(Tensor, Tensor)>> {
-        self.nets
-            .iter()
-            .map(|n| n.embed_all(data, SCORE_CHUNK))
-            .collect()
-    }
-
-    fn weights(&self) -> Vec<(String, &VarMap)> {
-        self.nets
-            .iter()
-            .enumerate()
-            .map(|(k, n)| (format!("net{k}"), n.varmap()))
-            .collect()
-    }
-
-    fn weights_mut(&mut self) -> Vec<(String, &mut VarMap)> {
-        self.nets
-            .iter_mut()
-            .enumerate()
-            .map(|(k, n)| (format!("net{k}"), n.varmap_mut()))
-            .collect()
     }
 
     fn state(&self) -> serde_json::Value {

@@ -72,7 +72,6 @@
 //!   computable for new data and comparable with a threshold.
 
 use candle_core::{DType, Device, Result, Tensor};
-use candle_nn::VarMap;
 use ncclean_models::layers::{log_softmax_last, softmax_last};
 use ncclean_models::rng::Rng;
 use ncclean_models::{ModelConfig, PairInputs};
@@ -481,6 +480,14 @@ impl Pipeline for Gsc {
         self.cfg.epochs
     }
 
+    fn nets(&self) -> Vec<&Net> {
+        self.nets.iter().collect()
+    }
+
+    fn nets_mut(&mut self) -> Vec<&mut Net> {
+        self.nets.iter_mut().collect()
+    }
+
     fn run_epoch(
         &mut self,
         epoch: usize,
@@ -557,29 +564,6 @@ impl Pipeline for Gsc {
             similarity: sims,
             statistic: stats,
         })
-    }
-
-    fn embed(&self, data: &PairInputs) -> Result<Vec<(Tensor, Tensor)>> {
-        self.nets
-            .iter()
-            .map(|n| n.embed_all(data, SCORE_CHUNK))
-            .collect()
-    }
-
-    fn weights(&self) -> Vec<(String, &VarMap)> {
-        self.nets
-            .iter()
-            .enumerate()
-            .map(|(k, n)| (format!("net{k}"), n.varmap()))
-            .collect()
-    }
-
-    fn weights_mut(&mut self) -> Vec<(String, &mut VarMap)> {
-        self.nets
-            .iter_mut()
-            .enumerate()
-            .map(|(k, n)| (format!("net{k}"), n.varmap_mut()))
-            .collect()
     }
 
     fn state(&self) -> serde_json::Value {

@@ -5,7 +5,6 @@
 //! called clean with the soft-margin hinge, their clean probability as label.
 
 use candle_core::{Device, Result, Tensor};
-use candle_nn::VarMap;
 use ncclean_models::rng::Rng;
 use ncclean_models::{ModelConfig, PairInputs};
 
@@ -78,6 +77,14 @@ impl Pipeline for Vanilla {
 
     fn total_epochs(&self) -> usize {
         self.cfg.epochs
+    }
+
+    fn nets(&self) -> Vec<&Net> {
+        vec![&self.net]
+    }
+
+    fn nets_mut(&mut self) -> Vec<&mut Net> {
+        vec![&mut self.net]
     }
 
     fn run_epoch(
@@ -166,18 +173,6 @@ impl Pipeline for Vanilla {
             similarity,
             statistic: stat,
         })
-    }
-
-    fn embed(&self, data: &PairInputs) -> Result<Vec<(Tensor, Tensor)>> {
-        Ok(vec![self.net.embed_all(data, SCORE_CHUNK)?])
-    }
-
-    fn weights(&self) -> Vec<(String, &VarMap)> {
-        vec![("net0".to_string(), self.net.varmap())]
-    }
-
-    fn weights_mut(&mut self) -> Vec<(String, &mut VarMap)> {
-        vec![("net0".to_string(), self.net.varmap_mut())]
     }
 
     fn state(&self) -> serde_json::Value {
