@@ -2,6 +2,7 @@
 
 use candle_core::{Device, Result, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
+use ncclean_models::model::LocalOptions;
 use ncclean_models::{similarity, MatchingModel, ModelConfig, PairInputs, ParamStore};
 
 /// A matching model, its parameters and an Adam optimiser with gradient-norm
@@ -24,8 +25,21 @@ impl Net {
         lr: f64,
         clip: f64,
     ) -> Result<Net> {
+        Self::with_options(config, LocalOptions::default(), seed, device, lr, clip)
+    }
+
+    /// A freshly initialised network with local heads / pooling `options`
+    /// (methods that need region and token features, e.g. ReCon).
+    pub fn with_options(
+        config: &ModelConfig,
+        options: LocalOptions,
+        seed: u64,
+        device: &Device,
+        lr: f64,
+        clip: f64,
+    ) -> Result<Net> {
         let mut store = ParamStore::new(seed, device);
-        let model = MatchingModel::new(config, &mut store)?;
+        let model = MatchingModel::with_options(config, options, &mut store)?;
         let varmap = store.into_varmap();
         // Adam, as the papers use it: no decoupled weight decay.
         let params = ParamsAdamW {

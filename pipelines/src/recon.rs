@@ -34,13 +34,11 @@
 //!   starts from its current `p_i` (the paper does not give ỹ⁰).
 //! - The paper does not co-teach; neither does this pipeline (one network).
 
-use candle_core::{DType, Device, Result, Tensor, D};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
+use candle_core::{Device, Result, Tensor, D};
 use ncclean_models::layers::log_softmax_last;
 use ncclean_models::rng::Rng;
 use ncclean_models::{
-    ImageTowerConfig, LocalOptions, MatchingModel, ModelConfig, PairInputs, ParamStore, Pooling,
-    TextTowerConfig,
+    ImageTowerConfig, LocalOptions, ModelConfig, PairInputs, Pooling, TextTowerConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -48,6 +46,7 @@ use crate::batches::shuffled_batches;
 use crate::config::TrainConfig;
 use crate::division::{CleanSide, Division};
 use crate::losses::{diagonal, per_sample_hinge};
+use crate::net::Net;
 use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
 use crate::scoring::pair_similarity;
 
@@ -249,106 +248,21 @@ struct Stats {
     p: Vec<f32>,
 }
 
-/// A matching network with local heads, its parameters and Adam with
-/// gradient-norm clipping. ([`crate::net::Net`] builds models without local
-/// heads, so ReCon keeps its own.)
-struct LocalNet {
-    model: MatchingModel,
-    varmap: VarMap,
-    opt: AdamW,
-    clip: f64,
-    device: Device,
-}
-
-impl LocalNet {
-    fn new(
-        config: &ModelConfig,
-        options: LocalOptions,
-        seed: u64,
-        device: &Device,
-        lr: f64,
-        clip: f64,
-    ) -> Result<Self> {
-        let mut store = ParamStore::new(seed, device);
-        let model = MatchingModel::with_options(config, options, &mut store)?;
-        let varmap = store.into_varmap();
-        let params = ParamsAdamW {
-            lr,
-            weight_decay: 0.0,
-            ..ParamsAdamW::default()
-        };
-        let opt = AdamW::new(varmap.all_vars(), params)?;
-        Ok(LocalNet {
-            model,
-            varmap,
-            opt,
-            clip,
-            device: device.clone(),
-        })
-    }
-
-    /// `(S [B, B], L_IM [B])` of the pairs `idx`, with gradients.
-    fn forward(
-        &self,
-        data: &PairInputs,
-        idx: &[usize],
-        relation_tau: f64,
-    ) -> Result<(Tensor, Tensor)> {
-        let (gi, li) = self
-            .model
-            .embed_images_local(&data.images.batch(idx, &self.device)?)?;
-        let (gt, lt, mask) = self
-            .model
-            .embed_texts_local(&data.texts.batch(idx, &self.device)?)?;
-        let s = gi.matmul(&gt.t()?)?;
-        Ok((s, intra_modal_loss(&li, &lt, &mask, relation_tau)?))
-    }
-
-    fn embed_all(&self, data: &PairInputs) -> Result<(Tensor, Tensor)> {
-        let idx: Vec<usize> = (0..data.len()).collect();
-        let (mut is, mut ts) = (Vec::new(), Vec::new());
-        for c in idx.chunks(SCORE_CHUNK) {
-            is.push(
-                self.model
-                    .embed_images(&data.images.batch(c, &self.device)?)?
-                    .detach(),
-            );
-            ts.push(
-                self.model
-                    .embed_texts(&data.texts.batch(c, &self.device)?)?
-                    .detach(),
-            );
-        }
-        if is.is_empty() {
-            candle_core::bail!("no pairs to embed");
-        }
-        Ok((Tensor::cat(&is, 0)?, Tensor::cat(&ts, 0)?))
-    }
-
-    fn step(&mut self, loss: &Tensor) -> Result<()> {
-        let mut grads = loss.backward()?;
-        let vars = self.varmap.all_vars();
-        let mut sq = 0f64;
-        for v in &vars {
-            if let Some(g) = grads.get(v.as_tensor()) {
-                sq += g
-                    .sqr()?
-                    .sum_all()?
-                    .to_dtype(DType::F64)?
-                    .to_scalar::<f64>()?;
-            }
-        }
-        let norm = sq.sqrt();
-        if self.clip > 0.0 && norm > self.clip {
-            let scale = self.clip / (norm + 1e-6);
-            for v in &vars {
-                if let Some(g) = grads.remove(v.as_tensor()) {
-                    grads.insert(v.as_tensor(), (g * scale)?);
-                }
-            }
-        }
-        self.opt.step(&grads)
-    }
+/// `(S [B, B], L_IM [B])` of the pairs `idx` under `net` (built with local
+/// heads), with gradients.
+fn local_forward(
+    net: &Net,
+    data: &PairInputs,
+    idx: &[usize],
+    relation_tau: f64,
+) -> Result<(Tensor, Tensor)> {
+    let dev = net.device();
+    let (gi, li) = net
+        .model
+        .embed_images_local(&data.images.batch(idx, dev)?)?;
+    let (gt, lt, mask) = net.model.embed_texts_local(&data.texts.batch(idx, dev)?)?;
+    let s = gi.matmul(&gt.t()?)?;
+    Ok((s, intra_modal_loss(&li, &lt, &mask, relation_tau)?))
 }
 
 /// The ReCon pipeline.
@@ -356,7 +270,7 @@ pub struct Recon {
     cfg: TrainConfig,
     params: ReconParams,
     seed: u64,
-    net: LocalNet,
+    net: Net,
     division: Option<Division>,
     /// Momentum pseudo labels ỹ of the pairs currently noisy (−1 = no history).
     labels: Vec<f32>,
@@ -381,7 +295,7 @@ impl Recon {
             local: true,
             pooling: params.pooling,
         };
-        let net = LocalNet::new(model, options, seed, device, cfg.lr, cfg.grad_clip)?;
+        let net = Net::with_options(model, options, seed, device, cfg.lr, cfg.grad_clip)?;
         Ok(Recon {
             cfg,
             params,
@@ -412,7 +326,7 @@ impl Recon {
         let (mut l_cm, mut l_im, mut p) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
         for k in 0..shuffles {
             for b in shuffled_batches(&all, self.cfg.batch_size, rng) {
-                let (s, im) = self.net.forward(data, &b, self.params.relation_tau)?;
+                let (s, im) = local_forward(&self.net, data, &b, self.params.relation_tau)?;
                 let s = s.detach();
                 let cm: Vec<f32> = infonce_per_pair(&s, self.params.tau)?.to_vec1()?;
                 let pb: Vec<f32> = matching_probability(&s, self.params.tau)?.to_vec1()?;
@@ -452,13 +366,21 @@ impl Pipeline for Recon {
         self.cfg.epochs
     }
 
+    fn nets(&self) -> Vec<&Net> {
+        vec![&self.net]
+    }
+
+    fn nets_mut(&mut self) -> Vec<&mut Net> {
+        vec![&mut self.net]
+    }
+
     fn run_epoch(
         &mut self,
         epoch: usize,
         data: &PairInputs,
         obs: &mut dyn Observer,
     ) -> Result<EpochStats> {
-        self.net.opt.set_learning_rate(self.lr_at(epoch));
+        self.net.set_lr(self.lr_at(epoch));
         let n = data.len();
         let mut rng = Rng::derive(self.seed, &format!("epoch-{epoch}"));
         let warmup = epoch < self.cfg.warmup_epochs;
@@ -509,12 +431,12 @@ impl Pipeline for Recon {
         let mut total = 0f64;
         for b in &batches {
             let loss = if warmup {
-                let s = self.net.forward(data, b, prm.relation_tau)?.0;
+                let s = local_forward(&self.net, data, b, prm.relation_tau)?.0;
                 triplet_sum(&s, self.cfg.margin)?.mean_all()?
             } else {
-                let (s, im) = self.net.forward(data, b, prm.relation_tau)?;
+                let (s, im) = local_forward(&self.net, data, b, prm.relation_tau)?;
                 let cm = infonce_per_pair(&s, prm.tau)?;
-                let dev = &self.net.device;
+                let dev = self.net.device();
                 let wc =
                     Tensor::from_vec(b.iter().map(|&i| w_cm[i]).collect::<Vec<_>>(), b.len(), dev)?;
                 let wi =
@@ -571,7 +493,7 @@ impl Pipeline for Recon {
                 }
             })
             .collect();
-        let (vi, vt) = self.net.embed_all(data)?;
+        let (vi, vt) = self.net.embed_all(data, SCORE_CHUNK)?;
         let similarity = pair_similarity(&vi, &vt)?;
         obs.advance(1);
         obs.finish();
@@ -581,18 +503,6 @@ impl Pipeline for Recon {
             similarity,
             statistic: st.l_cm,
         })
-    }
-
-    fn embed(&self, data: &PairInputs) -> Result<Vec<(Tensor, Tensor)>> {
-        Ok(vec![self.net.embed_all(data)?])
-    }
-
-    fn weights(&self) -> Vec<(String, &VarMap)> {
-        vec![("net0".to_string(), &self.net.varmap)]
-    }
-
-    fn weights_mut(&mut self) -> Vec<(String, &mut VarMap)> {
-        vec![("net0".to_string(), &mut self.net.varmap)]
     }
 
     fn state(&self) -> serde_json::Value {
@@ -794,7 +704,7 @@ mod tests {
             local: true,
             pooling: Pooling::Gpo,
         };
-        let net = LocalNet::new(&cfg, options, 2, &dev, 1e-3, 2.0)?;
+        let net = Net::with_options(&cfg, options, 2, &dev, 1e-3, 2.0)?;
         let data = PairInputs {
             images: ImageInputs::Pixels {
                 data: (0..3 * 3 * 256).map(|i| (i * 13 % 251) as u8).collect(),
@@ -802,13 +712,13 @@ mod tests {
             },
             texts: TextInputs::Tokens(vec![vec![2, 3], vec![4, 5, 6], vec![7, 8, 9, 10]]),
         };
-        let (s, im) = net.forward(&data, &[0, 1, 2], 1.0)?;
+        let (s, im) = local_forward(&net, &data, &[0, 1, 2], 1.0)?;
         let cm = infonce_per_pair(&s, 0.1)?;
         let wc = Tensor::new(&[5f32, 5.0, 0.5], &dev)?;
         let wi = Tensor::new(&[1f32, 0.5, 0.0], &dev)?;
         let loss = recon_loss(&cm, &im, &wc, &wi)?.mean_all()?;
         let grads = loss.backward()?;
-        for (name, var) in net.varmap.data().lock().expect("lock").iter() {
+        for (name, var) in net.varmap().data().lock().expect("lock").iter() {
             let g = grads
                 .get(var.as_tensor())
                 .unwrap_or_else(|| panic!("no gradient for {name}"));
