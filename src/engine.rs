@@ -385,7 +385,12 @@ pub fn prepare_for(
                     Some(t) => texts.extend_from_slice(t),
                     None => captions.push(r.caption.clone()),
                 }
-                image_ids.push(r.image.as_ref().map(image_identity).unwrap_or(0));
+                // The feature cache already identified the image by content.
+                let id = match &ex.image {
+                    Some(f) => f.index.get(row).map(|&i| u64::from(i)),
+                    None => r.image.as_ref().map(image_identity),
+                };
+                image_ids.push(id.unwrap_or(0));
             }
             rows.push(RowRecord {
                 key: r.key.clone(),

@@ -2,24 +2,13 @@
 
 mod common;
 
-use common::{demo, eval_json, ncclean, ok, p};
+use common::{demo, eval_json, ncclean, noisy_demo, ok, p};
 use ncclean::data::read_labels;
 
 #[test]
 fn crcl_detects_injected_noise_and_score_reproduces_fit() {
     let tmp = tempfile::tempdir().unwrap();
-    let data = demo(tmp.path(), 2000);
-    let noisy = tmp.path().join("noisy.parquet");
-    ok(&[
-        "corrupt",
-        p(&data),
-        "--rate",
-        "0.3",
-        "--seed",
-        "1",
-        "--out",
-        p(&noisy),
-    ]);
+    let noisy = noisy_demo(tmp.path());
     let run = tmp.path().join("run");
     // An affordable schedule for the from-scratch demo CNN: two self-refining
     // pieces of 1 and 4 epochs, each after a 1-epoch label freeze (7 epochs),

@@ -2,33 +2,13 @@
 
 mod common;
 
-use common::{ok, p};
+use common::{noisy_demo, ok, p};
 use ncclean::data::read_labels;
 
 #[test]
 fn esc_detects_injected_noise_and_score_reproduces_fit() {
     let tmp = tempfile::tempdir().unwrap();
-    ok(&[
-        "demo",
-        "--out",
-        p(tmp.path()),
-        "--pairs",
-        "2000",
-        "--seed",
-        "0",
-    ]);
-    let data = tmp.path().join("demo.parquet");
-    let noisy = tmp.path().join("noisy.parquet");
-    ok(&[
-        "corrupt",
-        p(&data),
-        "--rate",
-        "0.3",
-        "--seed",
-        "1",
-        "--out",
-        p(&noisy),
-    ]);
+    let noisy = noisy_demo(tmp.path());
 
     // The preset is the paper's schedule for pretrained features (50 epochs,
     // lr 2e-4); the demo CNN trains from scratch, so: a larger lr, 2 warm-up

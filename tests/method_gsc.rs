@@ -3,25 +3,14 @@
 
 mod common;
 
-use common::{ok, p};
+use common::{noisy_demo, ok, p};
 use ncclean::data::read_labels;
 
 #[test]
 fn gsc_detects_injected_noise_and_score_matches_fit() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    ok(&["demo", "--out", p(dir), "--pairs", "2000", "--seed", "0"]);
-    let noisy = dir.join("noisy.parquet");
-    ok(&[
-        "corrupt",
-        p(&dir.join("demo.parquet")),
-        "--rate",
-        "0.3",
-        "--seed",
-        "1",
-        "--out",
-        p(&noisy),
-    ]);
+    let noisy = noisy_demo(dir);
 
     // The preset's 60 epochs at lr 2e-4 are the paper's schedule for
     // Flickr30K-sized data; the from-scratch demo CNN needs a larger step and

@@ -2,24 +2,13 @@
 
 mod common;
 
-use common::{demo, eval_json, ok, p};
+use common::{eval_json, noisy_demo, ok, p};
 use ncclean::data::read_labels;
 
 #[test]
 fn recon_detects_injected_noise_and_score_reproduces_fit() {
     let tmp = tempfile::tempdir().unwrap();
-    let data = demo(tmp.path(), 2000);
-    let noisy = tmp.path().join("noisy.parquet");
-    ok(&[
-        "corrupt",
-        p(&data),
-        "--rate",
-        "0.3",
-        "--seed",
-        "1",
-        "--out",
-        p(&noisy),
-    ]);
+    let noisy = noisy_demo(tmp.path());
     let run = tmp.path().join("run");
     // An affordable schedule for the from-scratch demo CNN (local heads + GPO):
     // 3 warm-up epochs and 3 ReCon epochs at lr 3e-3, dropped ×0.1 after the
