@@ -2,10 +2,10 @@
 # Regenerates BENCHMARKS.md: every method at 20% and 50% injected noise on
 # Flickr8k train (frozen MobileNetV2 + MiniLM features, cached), detection on
 # the training pairs and retrieval on the 1,000-image test split.
-# Usage: bash examples/benchmarks.sh [METHODS...]   (default: vanilla esc gsc crcl)
+# Usage: bash examples/benchmarks.sh [METHODS...]   (default: vanilla esc gsc crcl recon)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-methods=("$@"); [ ${#methods[@]} -gt 0 ] || methods=(vanilla esc gsc crcl)
+methods=("$@"); [ ${#methods[@]} -gt 0 ] || methods=(vanilla esc gsc crcl recon)
 shared=${NCCLEAN_SHARED:-../shared}
 out=target/flickr8k
 bash scripts/fetch_minilm.sh >/dev/null
@@ -49,8 +49,8 @@ done
   echo "1,000-image test split (5,000 captions). Fit wall time includes reading the cached features;"
   echo "scoring throughput is fit's final scoring pass; peak memory is the fit process's max RSS."
   echo "Schedules: examples/configs/flickr8k.toml (short, CPU-sized; not the papers' full schedules)."
-  echo "Machine: $(nproc) CPU cores, no GPU; dev profile (dependencies and towers at -O3). ReCon is not in the table: it needs local features from"
-  echo "the cache, which the engine does not pass to pipelines yet."
+  echo "Machine: $(nproc) CPU cores, no GPU; dev profile (dependencies and towers at -O3). Heads: each method's preset"
+  echo "(mean projection; ReCon: GPO over the 7×7 MobileNetV2 grid and the MiniLM tokens, loaded from the cache)."
   echo
   echo "Regenerate: \`bash examples/benchmarks.sh\` (needs ../shared and MiniLM; first run encodes the"
   echo "features, about 15 min on 2 cores)."

@@ -226,6 +226,14 @@ impl ImageTower {
         format!("{base}|{}", self.preprocess().cache_tag())
     }
 
+    /// Width of the local features (grid cells / patches) in `forward`'s output.
+    pub fn local_dim(&self) -> usize {
+        match self {
+            ImageTower::MobileNet(..) => MobileNetV2::FEATURE_DIM,
+            ImageTower::Clip(c) => c.vision_width(),
+        }
+    }
+
     /// Forward a batch of preprocessed pixels `[B, 3, S, S]`.
     pub fn forward(&self, pixels: &Tensor) -> candle_core::Result<TowerOutput> {
         match self {
@@ -273,6 +281,14 @@ impl TextTower {
         match self {
             TextTower::Bert(b) => b.cache_tag(),
             TextTower::Clip(c) => format!("clip-text-{}", c.cache_tag()),
+        }
+    }
+
+    /// Width of the token features in `forward`'s output.
+    pub fn local_dim(&self) -> usize {
+        match self {
+            TextTower::Bert(b) => b.hidden_size(),
+            TextTower::Clip(c) => c.text_width(),
         }
     }
 

@@ -13,7 +13,9 @@ use anyhow::Context;
 use candle_core::Device;
 use ncclean_models::preprocess::decode_rgb_square;
 use ncclean_models::vocab::Vocab;
-use ncclean_models::{ImageInputs, ImageTowerConfig, PairInputs, TextInputs, TextTowerConfig};
+use ncclean_models::{
+    ImageInputs, ImageTowerConfig, LocalFeatures, PairInputs, TextInputs, TextTowerConfig,
+};
 use ncclean_pipelines::division::Division;
 use ncclean_pipelines::{EpochStats, Observer, PairScores, Pipeline, TrainConfig};
 use serde::Serialize;
@@ -76,7 +78,7 @@ enum ImageSpec {
 fn image_spec(tower: &ImageTowerConfig) -> ImageSpec {
     match tower {
         ImageTowerConfig::DemoCnn { image_size, .. } => ImageSpec::Pixels { size: *image_size },
-        ImageTowerConfig::Precomputed { dim } => ImageSpec::Embedding { dim: *dim },
+        ImageTowerConfig::Precomputed { dim, .. } => ImageSpec::Embedding { dim: *dim },
     }
 }
 
@@ -211,6 +213,7 @@ fn default_image_tower(input: &InputSet, cfg: &TrainConfig) -> Result<ImageTower
             dim: input
                 .embedding_dim
                 .ok_or_else(|| invalid("cannot tell the embedding length of the image column"))?,
+            local_dim: None,
         },
         _ => ImageTowerConfig::DemoCnn {
             image_size: cfg.image_size,
@@ -274,6 +277,7 @@ fn prepare(
         ImageSpec::Embedding { dim } => ImageInputs::Embeddings {
             data: embeddings,
             dim,
+            local: None,
         },
     };
     let inputs = PairInputs {
@@ -305,11 +309,15 @@ pub struct PreparedRun {
 
 /// Read `input` and turn it into head inputs for the towers in `enc`:
 /// pixels / tokens for the trainable demo towers, cached frozen features for
-/// pretrained towers, embedding columns as they are.
+/// pretrained towers, embedding columns as they are. With `want_local` the
+/// frozen towers' local features are loaded too (the head or the method
+/// needs them); an embedding column has none, which is an error then.
+#[allow(clippy::too_many_arguments)]
 pub fn prepare_for(
     input: &InputSet,
     enc: &EncoderSpec,
     cfg: &TrainConfig,
+    want_local: bool,
     vocab: Option<&Vocab>,
     cache: &CacheOptions,
     device: &Device,
@@ -317,6 +325,9 @@ pub fn prepare_for(
 ) -> Result<PreparedRun> {
     if !enc.uses_towers() {
         let image = default_image_tower(input, cfg)?;
+        if want_local && matches!(image, ImageTowerConfig::Precomputed { .. }) {
+            return Err(no_local_features(input));
+        }
         let (prepared, vocab) = prepare(input, &image, vocab, rep)?;
         let text = TextTowerConfig::DemoBow {
             vocab_size: vocab.size(),
@@ -338,7 +349,18 @@ pub fn prepare_for(
     }
     let itower = ImageTower::load(enc, device)?;
     let ttower = TextTower::load(enc, device)?;
-    let ex = features::extract(input, itower.as_ref(), ttower.as_ref(), cache, device, rep)?;
+    if want_local && itower.is_none() {
+        return Err(no_local_features(input));
+    }
+    let mut ex = features::extract(
+        input,
+        itower.as_ref(),
+        ttower.as_ref(),
+        want_local,
+        cache,
+        device,
+        rep,
+    )?;
     let image_dim = match &ex.image {
         Some(f) => f.dim,
         None => input
@@ -403,13 +425,29 @@ pub fn prepare_for(
         obs.advance(batch.len() as u64);
     }
     obs.finish();
+    // `ok` holds input row numbers (one record per row). The local tables
+    // are moved, not copied: they are the bulk of the memory.
+    let image_local = match ex.image.as_mut() {
+        Some(f) => pair_local(f, &ok)?,
+        None => None,
+    };
+    let text_local = match ex.text.as_mut() {
+        Some(f) => pair_local(f, &ok)?,
+        None => None,
+    };
+    let image_local_dim = image_local.as_ref().map(|l| l.dim);
+    let text_local_dim = text_local.as_ref().map(|l| l.dim);
     let (text_inputs, text_cfg, vocab) = match &ex.text {
         Some(f) => (
             TextInputs::Embeddings {
                 data: texts,
                 dim: f.dim,
+                local: text_local,
             },
-            TextTowerConfig::Precomputed { dim: f.dim },
+            TextTowerConfig::Precomputed {
+                dim: f.dim,
+                local_dim: text_local_dim,
+            },
             None,
         ),
         None => {
@@ -438,15 +476,50 @@ pub fn prepare_for(
                 images: ImageInputs::Embeddings {
                     data: images,
                     dim: image_dim,
+                    local: image_local,
                 },
                 texts: text_inputs,
             },
             image_ids,
         },
-        image: ImageTowerConfig::Precomputed { dim: image_dim },
+        image: ImageTowerConfig::Precomputed {
+            dim: image_dim,
+            local_dim: image_local_dim,
+        },
         text: text_cfg,
         vocab,
     })
+}
+
+fn no_local_features(input: &InputSet) -> Error {
+    Error::Usage(format!(
+        "{}: the GPO head and the recon method need local features (image regions and caption tokens), \
+         but image column {:?} holds global embeddings only. Train on images with a frozen tower \
+         (--image-encoder mobilenet_v2 or clip) or the demo towers, or use --head mean with another method",
+        input.display_name(0),
+        input.columns.image
+    ))
+}
+
+/// The local sets of the usable pairs (`rows`: their input rows), sharing
+/// the distinct-item table of `f`; None when `f` has no local features.
+fn pair_local(f: &mut features::SideFeatures, rows: &[usize]) -> Result<Option<LocalFeatures>> {
+    let Some(l) = f.local.take() else {
+        return Ok(None);
+    };
+    let index = rows
+        .iter()
+        .map(|&r| f.index.get(r).copied().filter(|&i| i != features::NONE))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(|| invalid("a usable pair has no cached local features"))?;
+    let local = LocalFeatures {
+        dim: l.dim,
+        data: l.data,
+        offsets: l.offsets,
+        index,
+    };
+    local.check().map_err(invalid)?;
+    Ok(Some(local))
 }
 
 /// A trained pipeline rebuilt from a checkpoint.
@@ -508,6 +581,7 @@ impl Engine {
             input,
             &self.state.encoders,
             &self.state.config,
+            self.state.model.head.local,
             self.state.vocab.as_ref(),
             cache,
             &self.device,
@@ -667,7 +741,7 @@ fn check_compatible(input: &InputSet, state: &CheckpointState) -> Result<()> {
             if want_embedding { "precomputed embeddings" } else { "images" },
         )));
     }
-    if let (ImageTowerConfig::Precomputed { dim }, Some(have), true) =
+    if let (ImageTowerConfig::Precomputed { dim, .. }, Some(have), true) =
         (&state.model.image, input.embedding_dim, want_embedding)
     {
         if *dim != have {
@@ -776,7 +850,17 @@ pub fn fit(
 ) -> Result<FitSummary> {
     let cfg = &opts.config;
     let t0 = Instant::now();
-    let run = prepare_for(input, &opts.encoders, cfg, None, &opts.cache, device, rep)?;
+    let want_local = ncclean_pipelines::config::head_for(&opts.method, cfg).local;
+    let run = prepare_for(
+        input,
+        &opts.encoders,
+        cfg,
+        want_local,
+        None,
+        &opts.cache,
+        device,
+        rep,
+    )?;
     let (prepared, vocab) = (run.prepared, run.vocab);
     let read_seconds = t0.elapsed().as_secs_f64();
     if prepared.ok.len() < 2 {
@@ -793,7 +877,7 @@ pub fn fit(
         prepared.ok.len(),
         prepared.skipped()
     ));
-    let model = ncclean_pipelines::config::model_config(cfg, run.image, run.text);
+    let model = ncclean_pipelines::config::model_config(&opts.method, cfg, run.image, run.text);
     let mut pipeline =
         ncclean_pipelines::build(&opts.method, cfg.clone(), &model, opts.seed, device)
             .map_err(|e| Error::Usage(e.to_string()))?;

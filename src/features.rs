@@ -17,7 +17,9 @@
 //!
 //! A shard is written under a temporary name and renamed, so an interrupted
 //! run never leaves a half-written shard. Only the vectors a run needs are
-//! read (by seeking), so memory is bounded by the data, not the cache.
+//! read (by seeking), so memory is bounded by the data, not the cache; local
+//! features are read only when the head or method uses them (they are ~50×
+//! the size of the global vectors) and stay f16 in memory.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -80,6 +82,21 @@ pub struct SideFeatures {
     pub computed: usize,
     /// Seconds spent in the tower.
     pub seconds: f64,
+    /// Local features per distinct vector, when they were asked for.
+    pub local: Option<SideLocal>,
+}
+
+/// Local features of one side: one set per entry of
+/// [`SideFeatures::vectors`], in the same order (an item that failed gets one
+/// zero vector, so every set is non-empty).
+#[derive(Debug, Clone, Default)]
+pub struct SideLocal {
+    /// Width of every local vector.
+    pub dim: usize,
+    /// Concatenated sets, `offsets.last() × dim` values.
+    pub data: Vec<f16>,
+    /// Set `k` is vectors `offsets[k]..offsets[k + 1]`.
+    pub offsets: Vec<usize>,
 }
 
 impl SideFeatures {
@@ -195,6 +212,83 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Vector offsets of the local sets in shard `stem` (`n + 1` entries):
+    /// from the `.lens` file for text stores, else an equal share per item.
+    fn local_layout(&self, stem: &str, dim: usize) -> Result<Vec<usize>> {
+        let size = |ext: &str| -> Result<u64> {
+            let p = self.dir.join(format!("{stem}.{ext}"));
+            Ok(std::fs::metadata(&p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .len())
+        };
+        let n = (size("keys")? / 16) as usize;
+        let bytes = size("local.f16")? as usize;
+        let lens_path = self.dir.join(format!("{stem}.lens"));
+        let counts: Vec<usize> = if lens_path.exists() {
+            std::fs::read(&lens_path)
+                .with_context(|| format!("reading {}", lens_path.display()))?
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]) as usize)
+                .collect()
+        } else if n > 0 && bytes % (n * dim * 2) == 0 {
+            vec![bytes / (n * dim * 2); n]
+        } else {
+            Vec::new()
+        };
+        let total: usize = counts.iter().sum();
+        if counts.len() != n || total * dim * 2 != bytes || counts.contains(&0) {
+            return Err(anyhow::anyhow!(
+                "feature cache shard {}/{stem}: its local features do not fit {n} items of width {dim}; \
+                 delete that shard's files ({stem}.*) and they will be encoded again",
+                self.dir.display()
+            )
+            .into());
+        }
+        let mut offsets = Vec::with_capacity(n + 1);
+        offsets.push(0);
+        for c in counts {
+            offsets.push(offsets.last().copied().unwrap_or(0) + c);
+        }
+        Ok(offsets)
+    }
+
+    /// Read the local sets of `keys` (all present in the index), as f16.
+    fn read_local(&self, keys: &[Key], dim: usize) -> Result<Vec<Vec<f16>>> {
+        let mut layouts: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut files: HashMap<&str, File> = HashMap::new();
+        let mut out = Vec::with_capacity(keys.len());
+        let mut buf = Vec::new();
+        for k in keys {
+            let (stem, pos) = &self.index[k];
+            if !layouts.contains_key(stem.as_str()) {
+                layouts.insert(stem.as_str(), self.local_layout(stem, dim)?);
+                let p = self.dir.join(format!("{stem}.local.f16"));
+                let f = File::open(&p).with_context(|| format!("opening {}", p.display()))?;
+                files.insert(stem.as_str(), f);
+            }
+            let (a, b) = {
+                let l = &layouts[stem.as_str()];
+                (l[*pos], l[pos + 1])
+            };
+            let f = files
+                .get_mut(stem.as_str())
+                .context("cache shard file went missing")?;
+            buf.resize((b - a) * dim * 2, 0);
+            f.seek(SeekFrom::Start((a * dim * 2) as u64))
+                .context("reading cached local features")?;
+            f.read_exact(&mut buf)
+                .context("reading cached local features")?;
+            out.push(
+                buf.chunks_exact(2)
+                    .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                    .collect(),
+            );
+        }
+        Ok(out)
+    }
+}
+
 /// Writes one new shard; renamed into place on `finish`, removed on drop.
 struct ShardWriter {
     dir: PathBuf,
@@ -221,13 +315,18 @@ fn f16_bytes(t: &Tensor) -> Result<Vec<u8>> {
 
 impl ShardWriter {
     fn create(dir: &Path, text: bool) -> Result<ShardWriter> {
+        // Time, process and a per-process counter: two shards written within
+        // one millisecond by one process must not share a name (the second
+        // rename would replace the first shard).
+        static SHARDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let stem = format!(
-            "{:013}-{}",
+            "{:013}-{}-{}",
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis())
                 .unwrap_or(0),
-            std::process::id()
+            std::process::id(),
+            SHARDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         );
         let open = |ext: &str| -> Result<BufWriter<File>> {
             let p = dir.join(format!(".{stem}.{ext}.tmp"));
@@ -328,10 +427,20 @@ struct Side {
     errors: Vec<Option<String>>,
     dim: usize,
     seconds: f64,
+    /// Width of the local features when they are wanted.
+    local_dim: Option<usize>,
+    /// Local sets computed in this run, by slot.
+    fresh_local: HashMap<u32, Vec<f16>>,
 }
 
 impl Side {
-    fn new(root: Option<&PathBuf>, tag: &str, rows: usize, text: bool) -> Result<Side> {
+    fn new(
+        root: Option<&PathBuf>,
+        tag: &str,
+        rows: usize,
+        text: bool,
+        local_dim: Option<usize>,
+    ) -> Result<Side> {
         let store = match root {
             Some(r) => Some(Store::open(r, tag)?),
             None => None,
@@ -351,6 +460,8 @@ impl Side {
             index: vec![NONE; rows],
             errors: vec![None; rows],
             seconds: 0.0,
+            local_dim,
+            fresh_local: HashMap::new(),
         })
     }
 
@@ -394,6 +505,36 @@ impl Side {
             // Round through f16 so cached and fresh runs see identical values.
             let v: Vec<f32> = v.into_iter().map(|x| f16::from_f32(x).to_f32()).collect();
             self.fresh.insert(self.slot[k], v);
+        }
+        if let Some(dim) = self.local_dim {
+            let flat: Vec<f32> = local
+                .to_dtype(DType::F32)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1())
+                .context("reading local features")?;
+            let per_item = flat.len() / (dim * keys.len()).max(1);
+            let counts: Vec<usize> = if lens.is_empty() {
+                vec![per_item; keys.len()]
+            } else {
+                lens.iter().map(|&n| n as usize).collect()
+            };
+            if counts.iter().sum::<usize>() * dim != flat.len() {
+                return Err(anyhow::anyhow!(
+                    "the tower returned {} local values for {} items of width {dim}",
+                    flat.len(),
+                    keys.len()
+                )
+                .into());
+            }
+            let mut at = 0;
+            for (k, c) in keys.iter().zip(counts) {
+                let set = flat[at * dim..(at + c) * dim]
+                    .iter()
+                    .map(|&x| f16::from_f32(x))
+                    .collect();
+                self.fresh_local.insert(self.slot[k], set);
+                at += c;
+            }
         }
         if let Some(w) = self.writer.as_mut() {
             w.push(keys, &out.global, local, lens)?;
@@ -441,6 +582,35 @@ impl Side {
                 vectors[i * dim..(i + 1) * dim].copy_from_slice(v);
             }
         }
+        let local = match self.local_dim {
+            Some(ldim) => {
+                let mut cached_sets = match (&self.store, cached_keys.is_empty()) {
+                    (Some(s), false) => s.read_local(&cached_keys, ldim)?,
+                    _ => Vec::new(),
+                }
+                .into_iter();
+                let mut out = SideLocal {
+                    dim: ldim,
+                    data: Vec::new(),
+                    offsets: vec![0],
+                };
+                for (i, k) in self.order.iter().enumerate() {
+                    let set = match self.fresh_local.remove(&(i as u32)) {
+                        Some(v) => v,
+                        None if self.failed.contains_key(k) => Vec::new(),
+                        None => cached_sets.next().unwrap_or_default(),
+                    };
+                    if set.is_empty() {
+                        out.data.extend(std::iter::repeat_n(f16::ZERO, ldim));
+                    } else {
+                        out.data.extend_from_slice(&set);
+                    }
+                    out.offsets.push(out.data.len() / ldim.max(1));
+                }
+                Some(out)
+            }
+            None => None,
+        };
         let computed = self.fresh.len();
         let hits = cached_keys.len();
         if computed > 0 {
@@ -460,15 +630,18 @@ impl Side {
             hits,
             computed,
             seconds: self.seconds,
+            local,
         })
     }
 }
 
-/// Extract (or load from the cache) features of every row of `input`.
+/// Extract (or load from the cache) features of every row of `input`; with
+/// `want_local`, also the local features (grid cells / patches, tokens).
 pub fn extract(
     input: &InputSet,
     image: Option<&ImageTower>,
     text: Option<&TextTower>,
+    want_local: bool,
     cache: &CacheOptions,
     device: &Device,
     rep: &Reporter,
@@ -481,6 +654,7 @@ pub fn extract(
             &format!("image|{}", t.cache_tag()),
             rows,
             false,
+            want_local.then(|| t.local_dim()),
         )?),
         None => None,
     };
@@ -490,6 +664,7 @@ pub fn extract(
             &format!("text|{}", t.cache_tag()),
             rows,
             true,
+            want_local.then(|| t.local_dim()),
         )?),
         None => None,
     };
@@ -688,6 +863,70 @@ mod tests {
     }
 
     #[test]
+    fn local_sets_round_trip_for_grids_and_token_lists() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (key_of(b"a"), key_of(b"b"));
+        // images: 2 items × 3 cells × width 2
+        let store = Store::open(tmp.path(), "image|grid").unwrap();
+        let mut w = ShardWriter::create(&store.dir, false).unwrap();
+        let cells: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let grid = Tensor::from_vec(cells, (2, 3, 2), &Device::Cpu).unwrap();
+        w.push(&[a, b], &tensor(&[0.0; 4], 2), &grid, &[]).unwrap();
+        w.finish().unwrap();
+        let store = Store::open(tmp.path(), "image|grid").unwrap();
+        let sets = store.read_local(&[b, a], 2).unwrap();
+        let f = |v: &[f16]| v.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
+        assert_eq!(f(&sets[0]), vec![6., 7., 8., 9., 10., 11.]);
+        assert_eq!(f(&sets[1]), vec![0., 1., 2., 3., 4., 5.]);
+        // a tower of another width cannot misread the shard
+        let e = store.read_local(&[a], 5).unwrap_err().to_string();
+        assert!(e.contains("do not fit 2 items of width 5"), "{e}");
+
+        // captions: 1 and 2 real tokens of width 2, with a lens file
+        let store = Store::open(tmp.path(), "text|tokens").unwrap();
+        let mut w = ShardWriter::create(&store.dir, true).unwrap();
+        let toks = tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3);
+        w.push(&[a, b], &tensor(&[0.0; 4], 2), &toks, &[1, 2])
+            .unwrap();
+        w.finish().unwrap();
+        let store = Store::open(tmp.path(), "text|tokens").unwrap();
+        let sets = store.read_local(&[b, a], 2).unwrap();
+        assert_eq!(f(&sets[0]), vec![3., 4., 5., 6.]);
+        assert_eq!(f(&sets[1]), vec![1., 2.]);
+
+        // a Side asked for local features keeps fresh sets in slot order and
+        // reads cached ones; a failed item gets one zero vector
+        let mut side = Side::new(
+            Some(&tmp.path().to_path_buf()),
+            "text|tokens",
+            3,
+            true,
+            Some(2),
+        )
+        .unwrap();
+        let c = key_of(b"c");
+        assert!(!side.assign(0, b), "cached");
+        assert!(side.assign(1, c));
+        assert!(side.assign(2, key_of(b"bad")));
+        side.fail(key_of(b"bad"), "no".into());
+        let out = crate::encoders::TowerOutput {
+            global: tensor(&[1.0, 1.0], 1),
+            local: tensor(&[7.0, 8.0], 1),
+            mask: None,
+        };
+        side.record(&[c], &out, &out.local, &[1]).unwrap();
+        let feats = side
+            .finish(
+                &Reporter::plain(crate::progress::LogFormat::Json),
+                "captions",
+            )
+            .unwrap();
+        let local = feats.local.unwrap();
+        assert_eq!(local.offsets, vec![0, 2, 3, 4]);
+        assert_eq!(f(&local.data), vec![3., 4., 5., 6., 7., 8., 0., 0.]);
+    }
+
+    #[test]
     fn an_unfinished_shard_leaves_nothing() {
         let tmp = tempfile::tempdir().unwrap();
         let store = Store::open(tmp.path(), "text|t").unwrap();
@@ -711,7 +950,7 @@ mod tests {
 
     #[test]
     fn side_deduplicates_keys_and_reports_failures_per_row() {
-        let mut side = Side::new(None, "image|t", 4, false).unwrap();
+        let mut side = Side::new(None, "image|t", 4, false, None).unwrap();
         let (a, b) = (key_of(b"a"), key_of(b"b"));
         assert!(side.assign(0, a), "first sight needs encoding");
         assert!(!side.assign(1, a), "a duplicate does not");

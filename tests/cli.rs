@@ -352,6 +352,18 @@ fn nan_embedding_row_is_skipped_and_embeddings_train() {
         serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap()).unwrap();
     assert_eq!(state["model"]["image"]["kind"], "precomputed");
     assert_eq!(state["model"]["image"]["dim"], 8);
+
+    // Embedding columns have no regions: recon and the GPO head refuse them
+    // up front (usage error, exit 2) and say what would work.
+    for extra in [&["--method", "recon"][..], &["--head", "gpo"][..]] {
+        let mut args = vec!["fit", p(&path), "--out-dir", p(&run)];
+        args.extend_from_slice(extra);
+        let out = ncclean(&args);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("need local features"), "{err}");
+        assert!(err.contains("--image-encoder mobilenet_v2"), "{err}");
+    }
 }
 
 #[test]

@@ -219,3 +219,92 @@ fn minilm_text_tower_trains_a_head() {
     assert_eq!(r["images"], 6, "captions of one photo are grouped: {r}");
     assert_eq!(r["captions"], 11);
 }
+
+#[test]
+fn recon_and_the_gpo_head_train_on_cached_local_features() {
+    let Some(shared) = shared() else { return };
+    let Some(minilm) = ncclean_models::hf_dir::default_minilm_dir() else {
+        eprintln!("skipped: MiniLM not found (run bash scripts/fetch_minilm.sh)");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let data = small_flickr(&shared, tmp.path());
+    let weights = shared.join("models/mobilenet_v2/model.safetensors");
+    let cache = tmp.path().join("cache");
+    let p = |x: &Path| x.to_str().unwrap().to_string();
+    let towers = [
+        "--image-encoder".to_string(),
+        "mobilenet_v2".into(),
+        "--image-model".into(),
+        p(&weights),
+        "--text-encoder".into(),
+        "minilm".into(),
+        "--text-model".into(),
+        p(&minilm),
+        "--cache-dir".into(),
+        p(&cache),
+    ];
+    let fit = |method: &str, extra: &[&str], dir: &Path| {
+        let mut args: Vec<String> = ["fit", &p(&data), "--method", method, "--out-dir", &p(dir)]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.extend(towers.iter().cloned());
+        args.extend(
+            ["--epochs", "3", "--warmup-epochs", "1", "--batch-size", "4"]
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&refs)
+    };
+    let state = |dir: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(dir.join("checkpoint/state.json")).unwrap()).unwrap()
+    };
+
+    // recon: local features encoded now (7×7 cells of 1280, tokens of 384)
+    let recon = tmp.path().join("recon");
+    let log = fit("recon", &[], &recon);
+    assert!(log.contains("images: encoded 6"), "{log}");
+    let s = state(&recon);
+    assert_eq!(s["model"]["image"]["local_dim"], 1280);
+    assert_eq!(s["model"]["text"]["local_dim"], 384);
+    assert_eq!(s["model"]["head"]["local"], true);
+    assert_eq!(s["model"]["head"]["pooling"], "gpo");
+    let (labels, _) = read_labels(&recon.join("labels.parquet")).unwrap();
+    assert_eq!(labels.len(), 12);
+    assert!(labels[..11]
+        .iter()
+        .all(|l| l.clean_prob.is_some_and(f32::is_finite)));
+
+    // score reads the local features back from the cache and reproduces fit
+    let scored = tmp.path().join("scored.parquet");
+    let log = run(&[
+        "score",
+        &p(&data),
+        "--checkpoint",
+        &p(&recon),
+        "--out",
+        &p(&scored),
+        "--cache-dir",
+        &p(&cache),
+    ]);
+    assert!(log.contains("images: all 6 from the cache"), "{log}");
+    assert!(log.contains("captions: all 12 from the cache"), "{log}");
+    assert_eq!(read_labels(&scored).unwrap().0, labels);
+
+    // any method on the GPO head, from the cache
+    let esc = tmp.path().join("esc-gpo");
+    let log = fit("esc", &["--head", "gpo"], &esc);
+    assert!(log.contains("images: all 6 from the cache"), "{log}");
+    let s = state(&esc);
+    assert_eq!(s["model"]["head"]["pooling"], "gpo");
+    assert_eq!(s["config"]["head"], "gpo");
+    // the mean head does not load local features at all
+    let plain = tmp.path().join("esc-mean");
+    fit("esc", &[], &plain);
+    let s = state(&plain);
+    assert_eq!(s["model"]["head"]["local"], false);
+    assert!(s["model"]["image"]["local_dim"].is_null());
+}

@@ -3,8 +3,103 @@
 //! Built once by the engine from decoded rows; batches are gathered from it
 //! by index. Pixels are stored as bytes (3·S·S per image) and embeddings as
 //! f32, so memory per pair stays small and independent of the source files.
+//! Local features (grid cells, patches, tokens of frozen towers) are large, so
+//! they are kept in f16, once per distinct image or caption.
 
 use candle_core::{DType, Device, Result, Tensor};
+use half::f16;
+
+/// Sets of local feature vectors of frozen towers (image grid cells or
+/// patches, caption tokens), one set per distinct item, shared by the pairs
+/// that use the item. Stored in f16 (as the feature cache holds them): a
+/// 7×7×1280 MobileNetV2 grid is 125 KB per image.
+#[derive(Debug, Clone)]
+pub struct LocalFeatures {
+    /// Width of every vector.
+    pub dim: usize,
+    /// Concatenated vectors of all items, `offsets.last() × dim` values.
+    pub data: Vec<f16>,
+    /// Item `k` owns vectors `offsets[k]..offsets[k + 1]` (at least one).
+    pub offsets: Vec<usize>,
+    /// Per pair: the item it uses.
+    pub index: Vec<u32>,
+}
+
+/// Local features of a batch, padded to the longest set.
+#[derive(Debug, Clone)]
+pub struct LocalBatch {
+    /// `[B, K, dim]` f32, zero on padding.
+    pub feats: Tensor,
+    /// `[B, K]` f32, 1 on real vectors (real vectors come first).
+    pub mask: Tensor,
+}
+
+impl LocalFeatures {
+    /// Number of pairs.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// True when there are no pairs.
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// Check that offsets, data and index agree, so that gathering cannot
+    /// go out of bounds; the message says what is inconsistent.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let items = self.offsets.len().saturating_sub(1);
+        if self.offsets.first() != Some(&0) || self.offsets.windows(2).any(|w| w[1] <= w[0]) {
+            return Err("local feature offsets must start at 0 and grow by at least one".into());
+        }
+        if self.offsets[items] * self.dim != self.data.len() {
+            return Err(format!(
+                "local features hold {} values, offsets say {} vectors of {}",
+                self.data.len(),
+                self.offsets[items],
+                self.dim
+            ));
+        }
+        if let Some(bad) = self.index.iter().find(|&&i| i as usize >= items) {
+            return Err(format!("pair refers to local item {bad} of {items}"));
+        }
+        Ok(())
+    }
+
+    /// Gather the sets of pairs `idx`, padded to the longest.
+    pub fn batch(&self, idx: &[usize], device: &Device) -> Result<LocalBatch> {
+        let span = |i: usize| {
+            let k = self.index[i] as usize;
+            (self.offsets[k], self.offsets[k + 1])
+        };
+        let k = idx
+            .iter()
+            .map(|&i| {
+                let (a, b) = span(i);
+                b - a
+            })
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let d = self.dim;
+        let mut feats = vec![0f32; idx.len() * k * d];
+        let mut mask = vec![0f32; idx.len() * k];
+        for (r, &i) in idx.iter().enumerate() {
+            let (a, b) = span(i);
+            let dst = &mut feats[r * k * d..(r * k + (b - a)) * d];
+            for (o, v) in dst.iter_mut().zip(&self.data[a * d..b * d]) {
+                *o = v.to_f32();
+            }
+            mask[r * k..r * k + (b - a)]
+                .iter_mut()
+                .for_each(|m| *m = 1.0);
+        }
+        Ok(LocalBatch {
+            feats: Tensor::from_vec(feats, (idx.len(), k, d), device)?,
+            mask: Tensor::from_vec(mask, (idx.len(), k), device)?,
+        })
+    }
+}
 
 /// Image side of the inputs.
 #[derive(Debug, Clone)]
@@ -22,6 +117,22 @@ pub enum ImageInputs {
         data: Vec<f32>,
         /// Vector width.
         dim: usize,
+        /// Grid cells / patches, for heads and methods that use them.
+        local: Option<LocalFeatures>,
+    },
+}
+
+/// A batch of images ready for an image tower.
+#[derive(Debug, Clone)]
+pub enum ImageBatch {
+    /// Pixels `[B, 3, S, S]` scaled to [-1, 1].
+    Pixels(Tensor),
+    /// Embeddings `[B, dim]`, with their local features when loaded.
+    Embeddings {
+        /// Global vectors.
+        global: Tensor,
+        /// Grid cells / patches.
+        local: Option<LocalBatch>,
     },
 }
 
@@ -36,6 +147,8 @@ pub enum TextInputs {
         data: Vec<f32>,
         /// Vector width.
         dim: usize,
+        /// Token features, for heads and methods that use them.
+        local: Option<LocalFeatures>,
     },
 }
 
@@ -49,8 +162,13 @@ pub enum TextBatch {
         /// Attention mask.
         mask: Tensor,
     },
-    /// Embeddings `[B, dim]`.
-    Embeddings(Tensor),
+    /// Embeddings `[B, dim]`, with their token features when loaded.
+    Embeddings {
+        /// Global vectors.
+        global: Tensor,
+        /// Token features.
+        local: Option<LocalBatch>,
+    },
 }
 
 /// Images and captions of N pairs, aligned by index.
@@ -67,7 +185,7 @@ impl ImageInputs {
     pub fn len(&self) -> usize {
         match self {
             ImageInputs::Pixels { data, size } => data.len() / (3 * size * size).max(1),
-            ImageInputs::Embeddings { data, dim } => data.len() / (*dim).max(1),
+            ImageInputs::Embeddings { data, dim, .. } => data.len() / (*dim).max(1),
         }
     }
 
@@ -76,9 +194,9 @@ impl ImageInputs {
         self.len() == 0
     }
 
-    /// Gather images `idx` into a tensor: pixels as f32 `[B, 3, S, S]` scaled
-    /// to [-1, 1], embeddings as `[B, dim]`.
-    pub fn batch(&self, idx: &[usize], device: &Device) -> Result<Tensor> {
+    /// Gather images `idx`: pixels as f32 `[B, 3, S, S]` scaled to [-1, 1],
+    /// embeddings as `[B, dim]` (with their local features, if loaded).
+    pub fn batch(&self, idx: &[usize], device: &Device) -> Result<ImageBatch> {
         match self {
             ImageInputs::Pixels { data, size } => {
                 let per = 3 * size * size;
@@ -87,9 +205,14 @@ impl ImageInputs {
                     out.extend_from_slice(&data[i * per..(i + 1) * per]);
                 }
                 let t = Tensor::from_vec(out, (idx.len(), 3, *size, *size), device)?;
-                (t.to_dtype(DType::F32)? * (2.0 / 255.0))? - 1.0
+                Ok(ImageBatch::Pixels(
+                    ((t.to_dtype(DType::F32)? * (2.0 / 255.0))? - 1.0)?,
+                ))
             }
-            ImageInputs::Embeddings { data, dim } => gather_rows(data, *dim, idx, device),
+            ImageInputs::Embeddings { data, dim, local } => Ok(ImageBatch::Embeddings {
+                global: gather_rows(data, *dim, idx, device)?,
+                local: local.as_ref().map(|l| l.batch(idx, device)).transpose()?,
+            }),
         }
     }
 }
@@ -99,7 +222,7 @@ impl TextInputs {
     pub fn len(&self) -> usize {
         match self {
             TextInputs::Tokens(t) => t.len(),
-            TextInputs::Embeddings { data, dim } => data.len() / (*dim).max(1),
+            TextInputs::Embeddings { data, dim, .. } => data.len() / (*dim).max(1),
         }
     }
 
@@ -131,9 +254,30 @@ impl TextInputs {
                     mask: Tensor::from_vec(mask, (idx.len(), l), device)?,
                 })
             }
-            TextInputs::Embeddings { data, dim } => {
-                Ok(TextBatch::Embeddings(gather_rows(data, *dim, idx, device)?))
-            }
+            TextInputs::Embeddings { data, dim, local } => Ok(TextBatch::Embeddings {
+                global: gather_rows(data, *dim, idx, device)?,
+                local: local.as_ref().map(|l| l.batch(idx, device)).transpose()?,
+            }),
+        }
+    }
+}
+
+impl ImageInputs {
+    /// The local features, when loaded.
+    pub fn local(&self) -> Option<&LocalFeatures> {
+        match self {
+            ImageInputs::Embeddings { local, .. } => local.as_ref(),
+            ImageInputs::Pixels { .. } => None,
+        }
+    }
+}
+
+impl TextInputs {
+    /// The local features, when loaded.
+    pub fn local(&self) -> Option<&LocalFeatures> {
+        match self {
+            TextInputs::Embeddings { local, .. } => local.as_ref(),
+            TextInputs::Tokens(_) => None,
         }
     }
 }
@@ -171,7 +315,10 @@ mod tests {
             size: 1,
         };
         assert_eq!(imgs.len(), 2);
-        let b: Vec<f32> = imgs.batch(&[1, 0], &dev)?.flatten_all()?.to_vec1()?;
+        let ImageBatch::Pixels(b) = imgs.batch(&[1, 0], &dev)? else {
+            panic!("expected pixels");
+        };
+        let b: Vec<f32> = b.flatten_all()?.to_vec1()?;
         let want = [1.0, -1.0, -1.0, -1.0, 1.0, 51.0 * 2.0 / 255.0 - 1.0];
         for (g, w) in b.iter().zip(want) {
             assert!((g - w).abs() < 1e-6, "{b:?}");
@@ -185,8 +332,55 @@ mod tests {
                     vec![vec![1., 0., 0.], vec![1., 1., 1.]]
                 );
             }
-            TextBatch::Embeddings(_) => panic!("expected tokens"),
+            TextBatch::Embeddings { .. } => panic!("expected tokens"),
         }
+        Ok(())
+    }
+
+    #[test]
+    fn local_features_are_shared_per_item_and_padded_per_batch() -> Result<()> {
+        let dev = Device::Cpu;
+        // item 0: two vectors (1, 2), (3, 4); item 1: one vector (5, 6);
+        // pairs 0 and 2 share item 1
+        let local = LocalFeatures {
+            dim: 2,
+            data: [1., 2., 3., 4., 5., 6.].map(f16::from_f32).to_vec(),
+            offsets: vec![0, 2, 3],
+            index: vec![1, 0, 1],
+        };
+        local.check().map_err(candle_core::Error::Msg)?;
+        let texts = TextInputs::Embeddings {
+            data: vec![0.0; 6],
+            dim: 2,
+            local: Some(local.clone()),
+        };
+        let TextBatch::Embeddings {
+            local: Some(b),
+            global,
+        } = texts.batch(&[2, 1], &dev)?
+        else {
+            panic!("expected embeddings with local features");
+        };
+        assert_eq!(global.dims(), &[2, 2]);
+        assert_eq!(
+            b.feats.to_vec3::<f32>()?,
+            vec![
+                vec![vec![5., 6.], vec![0., 0.]],
+                vec![vec![1., 2.], vec![3., 4.]]
+            ]
+        );
+        assert_eq!(b.mask.to_vec2::<f32>()?, vec![vec![1., 0.], vec![1., 1.]]);
+        // inconsistent tables are caught before any gather
+        let short = LocalFeatures {
+            data: local.data[..4].to_vec(),
+            ..local.clone()
+        };
+        assert!(short.check().unwrap_err().contains("offsets say 3 vectors"));
+        let stray = LocalFeatures {
+            index: vec![2],
+            ..local
+        };
+        assert!(stray.check().unwrap_err().contains("item 2 of 2"));
         Ok(())
     }
 }

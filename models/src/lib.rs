@@ -16,7 +16,9 @@ pub mod preprocess;
 pub mod rng;
 pub mod vocab;
 
-pub use inputs::{ImageInputs, PairInputs, TextBatch, TextInputs};
+pub use inputs::{
+    ImageBatch, ImageInputs, LocalBatch, LocalFeatures, PairInputs, TextBatch, TextInputs,
+};
 pub use model::{
     similarity, ImageTowerConfig, LocalOptions, MatchingModel, ModelConfig, Pooling,
     TextTowerConfig,

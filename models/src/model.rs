@@ -5,7 +5,7 @@ use candle_core::{DType, Module, Result, Tensor, D};
 use serde::{Deserialize, Serialize};
 
 use crate::gpo::Gpo;
-use crate::inputs::TextBatch;
+use crate::inputs::{ImageBatch, TextBatch};
 use crate::layers::{l2_normalize, Conv2d, Embedding, Linear};
 use crate::params::ParamStore;
 
@@ -20,10 +20,15 @@ pub enum ImageTowerConfig {
         /// Channels of the first convolution (doubled twice).
         width: usize,
     },
-    /// Precomputed embeddings of width `dim` (e.g. CLIP features in the data).
+    /// Precomputed embeddings of width `dim` (e.g. CLIP features in the data,
+    /// or a frozen tower's cached features).
     Precomputed {
         /// Embedding width.
         dim: usize,
+        /// Width of the local features (grid cells / patches) when the head
+        /// uses them; `None` when only global vectors are available.
+        #[serde(default)]
+        local_dim: Option<usize>,
     },
 }
 
@@ -42,6 +47,9 @@ pub enum TextTowerConfig {
     Precomputed {
         /// Embedding width.
         dim: usize,
+        /// Width of the token features when the head uses them.
+        #[serde(default)]
+        local_dim: Option<usize>,
     },
 }
 
@@ -56,14 +64,19 @@ pub struct ModelConfig {
     pub joint_dim: usize,
     /// Hidden width of the projection MLPs.
     pub hidden: usize,
+    /// Matching head: local projections and pooling (absent in checkpoints
+    /// written before heads were configurable: the mean-pooling head).
+    #[serde(default)]
+    pub head: LocalOptions,
 }
 
 /// How the global embedding is pooled from local features.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Pooling {
-    /// Today's heads: the flattened CNN grid and the mean word embedding go
-    /// through the tower's projection.
+    /// The projection head: the tower's global vector (the flattened CNN
+    /// grid, the mean word embedding, a frozen tower's mean-pooled features)
+    /// goes through the tower's projection.
     #[default]
     Mean,
     /// VSE∞'s generalized pooling over the projected local features
@@ -71,12 +84,10 @@ pub enum Pooling {
     Gpo,
 }
 
-/// Optional local-feature heads. The default builds exactly the parameter set
-/// of [`MatchingModel::new`], so existing checkpoints and pipelines are
-/// unaffected; only pipelines that ask for local features get new parameters.
-///
-/// Kept apart from [`ModelConfig`] (rather than as new fields on it) because
-/// `ModelConfig` is built with struct literals across the workspace.
+/// The matching head: whether per-region / per-token projections exist and
+/// how the global embedding is pooled. The default builds the plain
+/// projection head; `local` adds local heads (ReCon's relation matrices need
+/// them, GPO pools over them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LocalOptions {
     /// Build per-region / per-token projections into the joint space.
@@ -85,6 +96,22 @@ pub struct LocalOptions {
     /// Global pooling when `local` is set (ignored otherwise).
     #[serde(default)]
     pub pooling: Pooling,
+}
+
+impl LocalOptions {
+    /// The head for `pooling`, with local heads when a method needs them
+    /// anyway or the pooling works on local features.
+    pub fn for_pooling(pooling: Pooling, method_needs_local: bool) -> LocalOptions {
+        LocalOptions {
+            local: method_needs_local || pooling == Pooling::Gpo,
+            pooling,
+        }
+    }
+
+    /// True when the global embedding is GPO over local features.
+    pub fn gpo(&self) -> bool {
+        self.local && self.pooling == Pooling::Gpo
+    }
 }
 
 /// Projection into the joint space: a linear map plus a residual two-layer
@@ -122,27 +149,27 @@ impl Module for Projection {
     }
 }
 
+/// `proj` is `None` exactly when GPO pooling replaces the flat projection.
 #[derive(Debug, Clone)]
 enum ImageTower {
-    /// `proj` is `None` only when GPO pooling replaces it.
     Cnn {
         convs: Vec<Conv2d>,
         proj: Option<Projection>,
     },
     Precomputed {
-        proj: Projection,
+        proj: Option<Projection>,
     },
 }
 
+/// `proj` is `None` exactly when GPO pooling replaces the flat projection.
 #[derive(Debug, Clone)]
 enum TextTower {
-    /// `proj` is `None` only when GPO pooling replaces it.
     Bow {
         emb: Embedding,
         proj: Option<Projection>,
     },
     Precomputed {
-        proj: Projection,
+        proj: Option<Projection>,
     },
 }
 
@@ -153,11 +180,31 @@ struct LocalHead {
     gpo: Option<Gpo>,
 }
 
+impl LocalHead {
+    /// `(global, local)` before normalisation: local features through the
+    /// per-item projection; global by GPO over them, else `flat` (the
+    /// tower's global input) through the tower's projection.
+    fn forward(
+        &self,
+        cells: &Tensor,
+        mask: &Tensor,
+        flat: impl FnOnce() -> Result<Tensor>,
+        proj: Option<&Projection>,
+    ) -> Result<(Tensor, Tensor)> {
+        let local = self.proj.forward(cells)?;
+        let global = match (&self.gpo, proj) {
+            (Some(gpo), _) => gpo.forward(&local, mask)?,
+            (None, Some(proj)) => proj.forward(&flat()?)?,
+            (None, None) => candle_core::bail!("tower has neither a projection nor a pooling head"),
+        };
+        Ok((global, local))
+    }
+}
+
 /// Image and text towers mapping into one L2-normalised joint space.
 #[derive(Debug, Clone)]
 pub struct MatchingModel {
     config: ModelConfig,
-    options: LocalOptions,
     image: ImageTower,
     text: TextTower,
     image_local: Option<LocalHead>,
@@ -165,23 +212,21 @@ pub struct MatchingModel {
 }
 
 impl MatchingModel {
-    /// Build the model, creating its parameters in `p`.
+    /// Build the model described by `config` (towers, then the head it
+    /// names), creating its parameters in `p`. Local heads' parameters are
+    /// created after the towers', so the towers' initial values do not
+    /// depend on the head. Fails when the head needs local features that a
+    /// precomputed tower does not have.
     pub fn new(config: &ModelConfig, p: &mut ParamStore) -> Result<Self> {
-        Self::with_options(config, LocalOptions::default(), p)
-    }
-
-    /// Build the model with optional local heads. With the default options
-    /// this is [`MatchingModel::new`], parameter for parameter. Local heads
-    /// exist only for towers that see regions/tokens (demo CNN, demo BoW);
-    /// their parameters are created after the towers' so the towers' initial
-    /// values do not depend on the options.
-    pub fn with_options(
-        config: &ModelConfig,
-        options: LocalOptions,
-        p: &mut ParamStore,
-    ) -> Result<Self> {
         let (joint, hidden) = (config.joint_dim, config.hidden);
-        let gpo = options.local && options.pooling == Pooling::Gpo;
+        let head = config.head;
+        let flat_proj = |p: &mut ParamStore, fan_in: usize| -> Result<Option<Projection>> {
+            if head.gpo() {
+                Ok(None)
+            } else {
+                Projection::new(p, "proj", fan_in, hidden, joint).map(Some)
+            }
+        };
         let image = p.scoped("image", |p| -> Result<ImageTower> {
             Ok(match config.image {
                 ImageTowerConfig::DemoCnn { image_size, width } => {
@@ -202,16 +247,11 @@ impl MatchingModel {
                         )?);
                         side = side.div_ceil(2);
                     }
-                    let flat = chans[3] * side * side;
-                    let proj = if gpo {
-                        None
-                    } else {
-                        Some(Projection::new(p, "proj", flat, hidden, joint)?)
-                    };
+                    let proj = flat_proj(p, chans[3] * side * side)?;
                     ImageTower::Cnn { convs, proj }
                 }
-                ImageTowerConfig::Precomputed { dim } => ImageTower::Precomputed {
-                    proj: Projection::new(p, "proj", dim, hidden, joint)?,
+                ImageTowerConfig::Precomputed { dim, .. } => ImageTower::Precomputed {
+                    proj: flat_proj(p, dim)?,
                 },
             })
         })?;
@@ -219,38 +259,52 @@ impl MatchingModel {
             Ok(match config.text {
                 TextTowerConfig::DemoBow { vocab_size, dim } => TextTower::Bow {
                     emb: Embedding::new(p, "emb", vocab_size, dim)?,
-                    proj: if gpo {
-                        None
-                    } else {
-                        Some(Projection::new(p, "proj", dim, hidden, joint)?)
-                    },
+                    proj: flat_proj(p, dim)?,
                 },
-                TextTowerConfig::Precomputed { dim } => TextTower::Precomputed {
-                    proj: Projection::new(p, "proj", dim, hidden, joint)?,
+                TextTowerConfig::Precomputed { dim, .. } => TextTower::Precomputed {
+                    proj: flat_proj(p, dim)?,
                 },
             })
         })?;
         let local_head = |p: &mut ParamStore, fan_in: usize| -> Result<LocalHead> {
             Ok(LocalHead {
                 proj: Projection::new(p, "local_proj", fan_in, hidden, joint)?,
-                gpo: if gpo { Some(Gpo::new(p, "gpo")?) } else { None },
+                gpo: if head.gpo() {
+                    Some(Gpo::new(p, "gpo")?)
+                } else {
+                    None
+                },
             })
         };
-        let image_local = match (&image, &config.image) {
-            (ImageTower::Cnn { .. }, ImageTowerConfig::DemoCnn { width, .. }) if options.local => {
-                Some(p.scoped("image", |p| local_head(p, 4 * width))?)
-            }
-            _ => None,
+        let missing = |side: &str| {
+            candle_core::Error::Msg(format!(
+                "the {} head needs local {side} features, but the {side} tower is precomputed without them \
+                 (an embedding column has none; frozen towers provide them)",
+                if head.gpo() { "GPO" } else { "local" }
+            ))
         };
-        let text_local = match (&text, &config.text) {
-            (TextTower::Bow { .. }, TextTowerConfig::DemoBow { dim, .. }) if options.local => {
-                Some(p.scoped("text", |p| local_head(p, *dim))?)
-            }
-            _ => None,
+        let (image_local, text_local) = if head.local {
+            let image_fan_in = match config.image {
+                ImageTowerConfig::DemoCnn { width, .. } => 4 * width,
+                ImageTowerConfig::Precomputed { local_dim, .. } => {
+                    local_dim.ok_or_else(|| missing("image"))?
+                }
+            };
+            let text_fan_in = match config.text {
+                TextTowerConfig::DemoBow { dim, .. } => dim,
+                TextTowerConfig::Precomputed { local_dim, .. } => {
+                    local_dim.ok_or_else(|| missing("text"))?
+                }
+            };
+            (
+                Some(p.scoped("image", |p| local_head(p, image_fan_in))?),
+                Some(p.scoped("text", |p| local_head(p, text_fan_in))?),
+            )
+        } else {
+            (None, None)
         };
         Ok(MatchingModel {
             config: config.clone(),
-            options,
             image,
             text,
             image_local,
@@ -258,9 +312,9 @@ impl MatchingModel {
         })
     }
 
-    /// The local-head options this model was built with.
+    /// The head this model was built with.
     pub fn options(&self) -> LocalOptions {
-        self.options
+        self.config.head
     }
 
     /// The configuration this model was built from.
@@ -270,80 +324,111 @@ impl MatchingModel {
 
     /// Image batch (as [`crate::inputs::ImageInputs::batch`] makes it) →
     /// unit vectors `[B, joint]`.
-    pub fn embed_images(&self, x: &Tensor) -> Result<Tensor> {
-        let z = match &self.image {
-            ImageTower::Cnn { convs, proj } => {
-                let h = cnn_grid(convs, x)?;
-                match proj {
-                    Some(proj) => proj.forward(&h.flatten_from(1)?)?,
-                    None => return Ok(self.embed_images_local(x)?.0),
-                }
+    pub fn embed_images(&self, x: &ImageBatch) -> Result<Tensor> {
+        let z = match (&self.image, x) {
+            (
+                ImageTower::Cnn {
+                    convs,
+                    proj: Some(proj),
+                },
+                ImageBatch::Pixels(px),
+            ) => proj.forward(&cnn_grid(convs, px)?.flatten_from(1)?)?,
+            (
+                ImageTower::Precomputed { proj: Some(proj) },
+                ImageBatch::Embeddings { global, .. },
+            ) => proj.forward(global)?,
+            (ImageTower::Cnn { proj: None, .. }, ImageBatch::Pixels(_))
+            | (ImageTower::Precomputed { proj: None }, ImageBatch::Embeddings { .. }) => {
+                return Ok(self.embed_images_local(x)?.0)
             }
-            ImageTower::Precomputed { proj } => proj.forward(x)?,
+            _ => candle_core::bail!("image batch does not match the image tower of this model"),
         };
         l2_normalize(&z)
     }
 
-    /// Image batch → `(global [B, joint], local [B, P, joint])`, both with
-    /// unit rows. Local features are the cells of the CNN's last grid
-    /// (P = side²) through a per-cell projection; the global embedding is
+    /// Image batch → `(global [B, joint], local [B, P, joint], mask [B, P])`,
+    /// global and local rows unit vectors. Local features are the cells of
+    /// the demo CNN's last grid, or a frozen tower's cached grid cells /
+    /// patches, through a per-cell projection; the global embedding is
     /// [`MatchingModel::embed_images`]'s, or GPO over the local features.
-    pub fn embed_images_local(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
-        let (ImageTower::Cnn { convs, proj }, Some(head)) = (&self.image, &self.image_local) else {
+    pub fn embed_images_local(&self, x: &ImageBatch) -> Result<(Tensor, Tensor, Tensor)> {
+        let Some(head) = &self.image_local else {
             candle_core::bail!(
-                "local image features need a tower that provides them (the demo CNN built with local heads); \
-                 precomputed global embeddings have no regions"
+                "this model has no local image head (build it with a local head: --head gpo, or a method that needs one)"
             );
         };
-        let h = cnn_grid(convs, x)?; // [B, C, s, s]
-        let cells = h.flatten_from(2)?.transpose(1, 2)?.contiguous()?; // [B, P, C]
-        let local = head.proj.forward(&cells)?;
-        let global = match (&head.gpo, proj) {
-            (Some(gpo), _) => {
-                let (b, n, _) = local.dims3()?;
-                let mask = Tensor::ones((b, n), DType::F32, x.device())?;
-                gpo.forward(&local, &mask)?
+        let (global, local, mask) = match (&self.image, x) {
+            (ImageTower::Cnn { convs, proj }, ImageBatch::Pixels(px)) => {
+                let h = cnn_grid(convs, px)?; // [B, C, s, s]
+                let cells = h.flatten_from(2)?.transpose(1, 2)?.contiguous()?; // [B, P, C]
+                let (b, n, _) = cells.dims3()?;
+                let mask = Tensor::ones((b, n), DType::F32, px.device())?;
+                let (g, l) = head.forward(&cells, &mask, || h.flatten_from(1), proj.as_ref())?;
+                (g, l, mask)
             }
-            (None, Some(proj)) => proj.forward(&h.flatten_from(1)?)?,
-            (None, None) => {
-                candle_core::bail!("image tower has neither a projection nor a pooling head")
+            (ImageTower::Precomputed { proj }, ImageBatch::Embeddings { global, local }) => {
+                let Some(lb) = local else {
+                    candle_core::bail!(
+                        "local image features were not loaded for this batch (the engine loads them when the head or method needs them)"
+                    );
+                };
+                let (g, l) =
+                    head.forward(&lb.feats, &lb.mask, || Ok(global.clone()), proj.as_ref())?;
+                (g, l, lb.mask.clone())
             }
+            _ => candle_core::bail!("image batch does not match the image tower of this model"),
         };
-        Ok((l2_normalize(&global)?, l2_normalize(&local)?))
+        Ok((l2_normalize(&global)?, l2_normalize(&local)?, mask))
     }
 
     /// Text batch → `(global [B, joint], local [B, L, joint], mask [B, L])`;
     /// local rows are unit vectors (padding rows too; use the mask). Local
-    /// features are the word embeddings through a per-token projection.
+    /// features are the word embeddings of the demo tower, or a frozen
+    /// tower's cached token features, through a per-token projection.
     pub fn embed_texts_local(&self, t: &TextBatch) -> Result<(Tensor, Tensor, Tensor)> {
-        let (TextTower::Bow { emb, proj }, Some(head), TextBatch::Tokens { ids, mask }) =
-            (&self.text, &self.text_local, t)
-        else {
+        let Some(head) = &self.text_local else {
             candle_core::bail!(
-                "local text features need a tower that provides them (the demo bag-of-words tower built with \
-                 local heads and a token batch); precomputed global embeddings have no tokens"
+                "this model has no local text head (build it with a local head: --head gpo, or a method that needs one)"
             );
         };
-        let e = emb.forward(ids)?; // [B, L, E]
-        let local = head.proj.forward(&e)?;
-        let global = match (&head.gpo, proj) {
-            (Some(gpo), _) => gpo.forward(&local, mask)?,
-            (None, Some(proj)) => proj.forward(&masked_mean(&e, mask)?)?,
-            (None, None) => {
-                candle_core::bail!("text tower has neither a projection nor a pooling head")
+        let (global, local, mask) = match (&self.text, t) {
+            (TextTower::Bow { emb, proj }, TextBatch::Tokens { ids, mask }) => {
+                let e = emb.forward(ids)?; // [B, L, E]
+                let (g, l) = head.forward(&e, mask, || masked_mean(&e, mask), proj.as_ref())?;
+                (g, l, mask.clone())
             }
+            (TextTower::Precomputed { proj }, TextBatch::Embeddings { global, local }) => {
+                let Some(lb) = local else {
+                    candle_core::bail!(
+                        "token features were not loaded for this batch (the engine loads them when the head or method needs them)"
+                    );
+                };
+                let (g, l) =
+                    head.forward(&lb.feats, &lb.mask, || Ok(global.clone()), proj.as_ref())?;
+                (g, l, lb.mask.clone())
+            }
+            _ => candle_core::bail!("text batch does not match the text tower of this model"),
         };
-        Ok((l2_normalize(&global)?, l2_normalize(&local)?, mask.clone()))
+        Ok((l2_normalize(&global)?, l2_normalize(&local)?, mask))
     }
 
     /// Text batch → unit vectors `[B, joint]`.
     pub fn embed_texts(&self, t: &TextBatch) -> Result<Tensor> {
         let z = match (&self.text, t) {
-            (TextTower::Bow { emb, proj }, TextBatch::Tokens { ids, mask }) => match proj {
-                Some(proj) => proj.forward(&masked_mean(&emb.forward(ids)?, mask)?)?,
-                None => return Ok(self.embed_texts_local(t)?.0),
-            },
-            (TextTower::Precomputed { proj }, TextBatch::Embeddings(x)) => proj.forward(x)?,
+            (
+                TextTower::Bow {
+                    emb,
+                    proj: Some(proj),
+                },
+                TextBatch::Tokens { ids, mask },
+            ) => proj.forward(&masked_mean(&emb.forward(ids)?, mask)?)?,
+            (TextTower::Precomputed { proj: Some(proj) }, TextBatch::Embeddings { global, .. }) => {
+                proj.forward(global)?
+            }
+            (TextTower::Bow { proj: None, .. }, TextBatch::Tokens { .. })
+            | (TextTower::Precomputed { proj: None }, TextBatch::Embeddings { .. }) => {
+                return Ok(self.embed_texts_local(t)?.0)
+            }
             _ => candle_core::bail!("text batch does not match the text tower of this model"),
         };
         l2_normalize(&z)
@@ -375,8 +460,9 @@ pub fn similarity(images: &Tensor, texts: &Tensor) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inputs::{ImageInputs, TextInputs};
+    use crate::inputs::{ImageInputs, LocalFeatures, TextInputs};
     use candle_core::Device;
+    use half::f16;
 
     fn demo_config() -> ModelConfig {
         ModelConfig {
@@ -390,6 +476,42 @@ mod tests {
             },
             joint_dim: 5,
             hidden: 7,
+            head: LocalOptions::default(),
+        }
+    }
+
+    fn with_head(cfg: &ModelConfig, local: bool, pooling: Pooling) -> ModelConfig {
+        ModelConfig {
+            head: LocalOptions { local, pooling },
+            ..cfg.clone()
+        }
+    }
+
+    fn var_names(p: &ParamStore) -> Vec<String> {
+        let mut v: Vec<String> = p.varmap().data().lock().unwrap().keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Every variable of `p` has a gradient in `grads`, non-zero except
+    /// embedding tables (rows of unused words get none).
+    fn assert_all_grads(p: &ParamStore, grads: &candle_core::backprop::GradStore, what: &str) {
+        let vars = p.varmap().data().lock().unwrap();
+        assert!(!vars.is_empty());
+        for (name, var) in vars.iter() {
+            let g = grads.get(var.as_tensor());
+            assert!(g.is_some(), "no gradient for {name} ({what})");
+            if !name.contains("emb") {
+                let total: f32 = g
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .to_scalar()
+                    .unwrap();
+                assert!(total > 0.0, "zero gradient for {name} ({what})");
+            }
         }
     }
 
@@ -411,18 +533,7 @@ mod tests {
         let norms: Vec<f32> = vi.sqr()?.sum(1)?.to_vec1()?;
         assert!(norms.iter().all(|n| (n - 1.0).abs() < 1e-5));
         let loss = (s.sum_all()? - s.sqr()?.sum_all()?)?;
-        let grads = loss.backward()?;
-        let vars = p.varmap().data().lock().unwrap();
-        assert!(!vars.is_empty());
-        for (name, var) in vars.iter() {
-            // the unused embedding rows (ids 0, 1, 7..9) get zero gradient, but the tensor must be present
-            let g = grads.get(var.as_tensor());
-            assert!(g.is_some(), "no gradient for {name}");
-            if !name.contains("emb") {
-                let total: f32 = g.unwrap().abs()?.sum_all()?.to_scalar()?;
-                assert!(total > 0.0, "zero gradient for {name}");
-            }
-        }
+        assert_all_grads(&p, &loss.backward()?, "mean head");
         Ok(())
     }
 
@@ -437,27 +548,22 @@ mod tests {
             },
             ..demo_config()
         };
-        let names = |o: LocalOptions| -> Result<Vec<String>> {
+        let names = |c: &ModelConfig| -> Result<Vec<String>> {
             let mut p = ParamStore::new(3, &dev);
-            MatchingModel::with_options(&cfg.clone(), o, &mut p)?;
-            let mut v: Vec<String> = p.varmap().data().lock().unwrap().keys().cloned().collect();
-            v.sort();
-            Ok(v)
+            MatchingModel::new(c, &mut p)?;
+            Ok(var_names(&p))
         };
-        // default options = today's parameter set
-        let mut p = ParamStore::new(3, &dev);
-        MatchingModel::new(&cfg.clone(), &mut p)?;
-        let mut base: Vec<String> = p.varmap().data().lock().unwrap().keys().cloned().collect();
-        base.sort();
-        assert_eq!(names(LocalOptions::default())?, base);
-        assert!(
-            names(LocalOptions {
-                local: true,
-                pooling: Pooling::Mean
-            })?
-            .len()
-                > base.len()
-        );
+        // a config from before heads existed parses to the mean head
+        let json = r#"{"image":{"kind":"demo_cnn","image_size":16,"width":4},
+            "text":{"kind":"demo_bow","vocab_size":10,"dim":6},"joint_dim":5,"hidden":7}"#;
+        let old: ModelConfig =
+            serde_json::from_str(json).map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        assert_eq!(old, cfg);
+        let base = names(&cfg)?;
+        assert!(names(&with_head(&cfg, true, Pooling::Mean))?.len() > base.len());
+        // the towers' first parameters do not depend on the head
+        assert!(names(&with_head(&cfg, true, Pooling::Gpo))?
+            .contains(&"image.conv0.weight".to_string()));
 
         let imgs = ImageInputs::Pixels {
             data: (0..2 * 3 * 256).map(|i| (i * 7 % 256) as u8).collect(),
@@ -466,18 +572,12 @@ mod tests {
         let texts = TextInputs::Tokens(vec![vec![2, 3], vec![4, 5, 6]]);
         for pooling in [Pooling::Mean, Pooling::Gpo] {
             let mut p = ParamStore::new(3, &dev);
-            let model = MatchingModel::with_options(
-                &cfg.clone(),
-                LocalOptions {
-                    local: true,
-                    pooling,
-                },
-                &mut p,
-            )?;
-            let (gi, li) = model.embed_images_local(&imgs.batch(&[0, 1], &dev)?)?;
+            let model = MatchingModel::new(&with_head(&cfg, true, pooling), &mut p)?;
+            let (gi, li, imask) = model.embed_images_local(&imgs.batch(&[0, 1], &dev)?)?;
             let (gt, lt, mask) = model.embed_texts_local(&texts.batch(&[0, 1], &dev)?)?;
             // 16 → 8 → 4 → 2: four grid cells; 3 tokens at most
             assert_eq!(li.dims(), &[2, 4, 5]);
+            assert_eq!(imask.to_vec2::<f32>()?, vec![vec![1.0; 4]; 2]);
             assert_eq!(lt.dims(), &[2, 3, 5]);
             assert_eq!(
                 mask.to_vec2::<f32>()?,
@@ -492,45 +592,127 @@ mod tests {
             let s = similarity(&gi, &gt)?;
             let cross = li.broadcast_matmul(&lt.transpose(1, 2)?)?; // [B, P, L]
             let loss = ((s.sum_all()? - s.sqr()?.sum_all()?)? + cross.sqr()?.sum_all()?)?;
-            let grads = loss.backward()?;
-            for (name, var) in p.varmap().data().lock().unwrap().iter() {
-                let g = grads.get(var.as_tensor());
-                assert!(g.is_some(), "no gradient for {name} ({pooling:?})");
-                if !name.contains("emb") {
-                    let total: f32 = g.unwrap().abs()?.sum_all()?.to_scalar()?;
-                    assert!(total > 0.0, "zero gradient for {name} ({pooling:?})");
-                }
-            }
+            assert_all_grads(&p, &loss.backward()?, &format!("{pooling:?}"));
         }
         Ok(())
+    }
+
+    /// Two pairs of precomputed features: global vectors of width 4 / 3 and
+    /// local sets of width 3 (images: 3 cells each) / 2 (texts: 2 and 1 tokens).
+    fn precomputed_inputs(with_local: bool) -> (ImageInputs, TextInputs) {
+        let f = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect::<Vec<_>>();
+        let image_local = LocalFeatures {
+            dim: 3,
+            data: f((0..18).map(|i| ((i * 5 % 7) as f32 - 3.0) / 3.0).collect()),
+            offsets: vec![0, 3, 6],
+            index: vec![0, 1],
+        };
+        let text_local = LocalFeatures {
+            dim: 2,
+            data: f(vec![0.5, -1.0, 1.0, 0.25, -0.5, 0.75]),
+            offsets: vec![0, 2, 3],
+            index: vec![0, 1],
+        };
+        (
+            ImageInputs::Embeddings {
+                data: vec![0.1, 0.2, -0.3, 0.4, 0.5, -0.6, 0.7, 0.8],
+                dim: 4,
+                local: with_local.then_some(image_local),
+            },
+            TextInputs::Embeddings {
+                data: vec![0.3, -0.1, 0.2, 0.6, 0.4, -0.2],
+                dim: 3,
+                local: with_local.then_some(text_local),
+            },
+        )
+    }
+
+    fn precomputed_config(local_dims: bool) -> ModelConfig {
+        ModelConfig {
+            image: ImageTowerConfig::Precomputed {
+                dim: 4,
+                local_dim: local_dims.then_some(3),
+            },
+            text: TextTowerConfig::Precomputed {
+                dim: 3,
+                local_dim: local_dims.then_some(2),
+            },
+            joint_dim: 2,
+            hidden: 4,
+            head: LocalOptions::default(),
+        }
     }
 
     #[test]
     fn precomputed_towers_and_mismatch_error() -> Result<()> {
         let dev = Device::Cpu;
-        let cfg = ModelConfig {
-            image: ImageTowerConfig::Precomputed { dim: 4 },
-            text: TextTowerConfig::Precomputed { dim: 3 },
-            joint_dim: 2,
-            hidden: 4,
-        };
+        let cfg = precomputed_config(false);
         let mut p = ParamStore::new(0, &dev);
         let m = MatchingModel::new(&cfg, &mut p)?;
-        let x = Tensor::ones((3, 4), candle_core::DType::F32, &dev)?;
-        assert_eq!(m.embed_images(&x)?.dims(), &[3, 2]);
-        let t = TextBatch::Embeddings(Tensor::ones((3, 3), candle_core::DType::F32, &dev)?);
-        assert_eq!(m.embed_texts(&t)?.dims(), &[3, 2]);
+        let (imgs, texts) = precomputed_inputs(false);
+        let x = imgs.batch(&[0, 1], &dev)?;
+        let t = texts.batch(&[0, 1], &dev)?;
+        assert_eq!(m.embed_images(&x)?.dims(), &[2, 2]);
+        assert_eq!(m.embed_texts(&t)?.dims(), &[2, 2]);
         let wrong = TextInputs::Tokens(vec![vec![1]]).batch(&[0], &dev)?;
         assert!(m.embed_texts(&wrong).is_err());
+        assert!(m
+            .embed_images_local(&x)
+            .unwrap_err()
+            .to_string()
+            .contains("no local image head"));
+        // a GPO head on towers without local features fails at build time
         let mut p = ParamStore::new(0, &dev);
-        let local = LocalOptions {
-            local: true,
-            pooling: Pooling::Gpo,
-        };
-        let m = MatchingModel::with_options(&cfg, local, &mut p)?;
-        let e = m.embed_images_local(&x).unwrap_err().to_string();
-        assert!(e.contains("need a tower that provides them"), "{e}");
-        assert!(m.embed_texts_local(&t).is_err());
+        let e = MatchingModel::new(&with_head(&cfg, true, Pooling::Gpo), &mut p)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("GPO head needs local image features"), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn precomputed_local_features_feed_both_heads_and_train_every_parameter() -> Result<()> {
+        let dev = Device::Cpu;
+        let (imgs, texts) = precomputed_inputs(true);
+        for pooling in [Pooling::Mean, Pooling::Gpo] {
+            let mut p = ParamStore::new(5, &dev);
+            let m =
+                MatchingModel::new(&with_head(&precomputed_config(true), true, pooling), &mut p)?;
+            let x = imgs.batch(&[0, 1], &dev)?;
+            let t = texts.batch(&[1, 0], &dev)?;
+            let (gi, li, imask) = m.embed_images_local(&x)?;
+            let (gt, lt, tmask) = m.embed_texts_local(&t)?;
+            assert_eq!(li.dims(), &[2, 3, 2]);
+            assert_eq!(imask.to_vec2::<f32>()?, vec![vec![1.0; 3]; 2]);
+            assert_eq!(lt.dims(), &[2, 2, 2]);
+            assert_eq!(
+                tmask.to_vec2::<f32>()?,
+                vec![vec![1.0, 0.0], vec![1.0, 1.0]]
+            );
+            // the plain path is the global output of the local path
+            assert_eq!(m.embed_images(&x)?.to_vec2::<f32>()?, gi.to_vec2::<f32>()?);
+            assert_eq!(m.embed_texts(&t)?.to_vec2::<f32>()?, gt.to_vec2::<f32>()?);
+            let s = similarity(&gi, &gt)?;
+            let cross = li.broadcast_matmul(&lt.transpose(1, 2)?)?;
+            let loss = ((s.sum_all()? - s.sqr()?.sum_all()?)? + cross.sqr()?.sum_all()?)?;
+            assert_all_grads(&p, &loss.backward()?, &format!("precomputed {pooling:?}"));
+            // without the flat projections, GPO global vectors ignore the global input
+            if pooling == Pooling::Gpo {
+                assert!(!var_names(&p).iter().any(|n| n.starts_with("image.proj")));
+            }
+        }
+        // local features missing from a batch: a clear error, not a panic
+        let mut p = ParamStore::new(5, &dev);
+        let m = MatchingModel::new(
+            &with_head(&precomputed_config(true), true, Pooling::Gpo),
+            &mut p,
+        )?;
+        let (bare, _) = precomputed_inputs(false);
+        let e = m
+            .embed_images(&bare.batch(&[0], &dev)?)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("were not loaded"), "{e}");
         Ok(())
     }
 }

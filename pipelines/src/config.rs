@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use ncclean_models::ModelConfig;
+use ncclean_models::{LocalOptions, ModelConfig, Pooling};
 
 use crate::division::MixtureKind;
 
@@ -45,6 +45,11 @@ pub struct TrainConfig {
     pub image_size: usize,
     /// Word embedding width of the demo text tower.
     pub word_dim: usize,
+    /// Matching head: `mean` (projection of each tower's global vector) or
+    /// `gpo` (VSE∞ pooling over projected local features: grid cells /
+    /// patches and tokens). Any method runs on either head.
+    #[serde(default)]
+    pub head: Pooling,
     /// Method-specific parameters (the `[params]` table of a preset); each
     /// pipeline parses them into its own struct and rejects unknown keys.
     #[serde(default)]
@@ -75,6 +80,18 @@ pub fn preset_text(method: &str) -> Option<&'static str> {
 
 /// Methods that can be run.
 pub const METHODS: &[&str] = &["vanilla", "esc", "gsc", "crcl", "recon"];
+
+/// Methods whose losses read local features (ReCon's relation matrices), so
+/// their model needs local heads whatever the pooling.
+pub fn needs_local(method: &str) -> bool {
+    method == "recon"
+}
+
+/// The matching head `method` gets under `cfg`: the one place that decides
+/// whether local features are loaded and local heads built.
+pub fn head_for(method: &str, cfg: &TrainConfig) -> LocalOptions {
+    LocalOptions::for_pooling(cfg.head, needs_local(method))
+}
 
 /// Resolve a configuration: the method's preset, then `user` TOML (a partial
 /// table), then `overrides` (also a partial table, from flags).
@@ -156,9 +173,10 @@ pub fn parse_sets(sets: &[String]) -> Result<toml::Table, String> {
     Ok(out)
 }
 
-/// Rebuild the model configuration a checkpoint needs, from the train config
-/// and the shape of the inputs.
+/// The model configuration of a run of `method`, from the train config and
+/// the shape of the inputs.
 pub fn model_config(
+    method: &str,
     cfg: &TrainConfig,
     image: ncclean_models::ImageTowerConfig,
     text: ncclean_models::TextTowerConfig,
@@ -168,6 +186,7 @@ pub fn model_config(
         text,
         joint_dim: cfg.joint_dim,
         hidden: cfg.hidden,
+        head: head_for(method, cfg),
     }
 }
 
@@ -209,6 +228,36 @@ mod tests {
             resolve("esc", Some(file), &toml::Table::new()).unwrap(),
             base
         );
+    }
+
+    #[test]
+    fn the_head_is_mean_unless_set_and_recon_always_gets_local_heads() {
+        let c = resolve("vanilla", None, &toml::Table::new()).unwrap();
+        assert_eq!(c.head, Pooling::Mean);
+        assert!(!head_for("vanilla", &c).local);
+        let gpo = parse_sets(&["head=gpo".into()]).unwrap();
+        let c = resolve("esc", None, &gpo).unwrap();
+        assert_eq!(
+            head_for("esc", &c),
+            LocalOptions {
+                local: true,
+                pooling: Pooling::Gpo
+            }
+        );
+        let mean = parse_sets(&["head=mean".into()]).unwrap();
+        let c = resolve("recon", None, &mean).unwrap();
+        assert_eq!(
+            head_for("recon", &c),
+            LocalOptions {
+                local: true,
+                pooling: Pooling::Mean
+            }
+        );
+        let c = resolve("recon", None, &toml::Table::new()).unwrap();
+        assert_eq!(head_for("recon", &c).pooling, Pooling::Gpo);
+        let bad = parse_sets(&["head=max".into()]).unwrap();
+        let e = resolve("vanilla", None, &bad).unwrap_err();
+        assert!(e.contains("max") && e.contains("gpo"), "{e}");
     }
 
     #[test]

@@ -753,18 +753,33 @@ mod tests {
             *v += 0.1 * rng.normal() as f32;
         }
         PairInputs {
-            images: ImageInputs::Embeddings { data: img, dim },
-            texts: TextInputs::Embeddings { data: txt, dim },
+            images: ImageInputs::Embeddings {
+                data: img,
+                dim,
+                local: None,
+            },
+            texts: TextInputs::Embeddings {
+                data: txt,
+                dim,
+                local: None,
+            },
         }
     }
 
     fn tiny_model() -> ModelConfig {
         use ncclean_models::{ImageTowerConfig, TextTowerConfig};
         ModelConfig {
-            image: ImageTowerConfig::Precomputed { dim: 6 },
-            text: TextTowerConfig::Precomputed { dim: 6 },
+            image: ImageTowerConfig::Precomputed {
+                dim: 6,
+                local_dim: None,
+            },
+            text: TextTowerConfig::Precomputed {
+                dim: 6,
+                local_dim: None,
+            },
             joint_dim: 8,
             hidden: 16,
+            head: Default::default(),
         }
     }
 

@@ -53,12 +53,12 @@
 //!   shuffle in which they were the anchor.
 //! * **Monotone clean posterior.** `w_i` (training) and `clean_prob`
 //!   (scoring) are the BMM posterior of the low-loss component made
-//!   non-increasing in `l_div` ([`monotone_clean_prob`]). The paper takes the
-//!   raw posterior; on the demo data the fitted clean Beta is much narrower
-//!   than the noisy one, so the raw posterior drops again for the lowest
-//!   losses and calls the cleanest pairs noisy (one demo run: `l_div` ranked
-//!   the noise at AUROC 0.95, its raw posterior at 0.88; with the envelope the
-//!   integration test reaches 0.95).
+//!   non-increasing in `l_div` ([`Division::clean_prob`], shared by every
+//!   method). The paper takes the raw posterior; on the demo data the fitted
+//!   clean Beta is much narrower than the noisy one, so the raw posterior
+//!   drops again for the lowest losses (AUROC 0.95 for `l_div`, 0.88 for the
+//!   raw posterior), and at 50% noise on Flickr8k the clean Beta was the
+//!   broad one and called every pair clean after warm-up.
 //! * **Loss reduction.** Per-pair losses are averaged over the batch (not
 //!   summed as in the released NCR-family code), matching the other ncclean
 //!   pipelines' learning-rate scale.
@@ -80,8 +80,6 @@ use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
 use crate::scoring::pair_similarity;
 
 const SCORE_CHUNK: usize = 512;
-/// Grid resolution of the monotone clean-probability envelope.
-const MONOTONE_GRID: usize = 1000;
 /// Cosines at or below this carry no usable ratio (see the departures).
 const RATIO_EPS: f32 = 1e-6;
 
@@ -285,46 +283,6 @@ pub fn plan_labels(
         .map(|(&c, &r)| if c { 1.0 } else { rectify_label(r, floor) })
         .collect();
     (clean, labels)
-}
-
-/// Clean probabilities from `div`, made non-increasing in the loss: the
-/// posterior at `x` is raised to the largest posterior at any loss ≥ `x`
-/// (evaluated on a grid of `MONOTONE_GRID + 1` points over the fitted range).
-///
-/// Why: when the clean Beta component is much narrower than the noisy one,
-/// the raw posterior falls again at the lowest losses, so the cleanest pairs
-/// would be called noisy (on the demo data this alone took the detection
-/// AUROC from 0.95 for `l_div` to 0.88 for the posterior). This is the same
-/// correction as the BMM lookup table of Arazo et al. (2019) that the
-/// BiCro/DivideMix line uses, mirrored onto the clean component.
-pub fn monotone_clean_prob(div: &Division, scores: &[f32]) -> Vec<f32> {
-    let raw = div.clean_prob(scores);
-    let (lo, hi) = (div.normaliser.min, div.normaliser.max);
-    let span = hi - lo;
-    if !(span.is_finite() && span > 0.0) {
-        return raw;
-    }
-    let g = MONOTONE_GRID;
-    let grid: Vec<f32> = (0..=g)
-        .map(|k| (lo + span * k as f64 / g as f64) as f32)
-        .collect();
-    let mut envelope = div.clean_prob(&grid);
-    for k in (0..g).rev() {
-        envelope[k] = envelope[k].max(envelope[k + 1]);
-    }
-    scores
-        .iter()
-        .zip(raw)
-        .map(|(&s, p)| {
-            if !s.is_finite() {
-                return p;
-            }
-            let k = ((f64::from(s) - lo) / span * g as f64)
-                .ceil()
-                .clamp(0.0, g as f64) as usize;
-            p.max(envelope[k])
-        })
-        .collect()
 }
 
 /// Pseudo-negative of every clean pair i: `p = argmax_{j≠i, j clean} S(I_j, T_i)`
@@ -534,7 +492,7 @@ impl Esc {
         let mut rng = Rng::derive(self.seed, &format!("epoch-{epoch}-division-net{k}"));
         let st = self.net_stats(k, data, &mut rng)?;
         let div = Division::fit(&st.l_div, self.cfg.mixture, CleanSide::LowMean);
-        let w = monotone_clean_prob(&div, &st.l_div);
+        let w = div.clean_prob(&st.l_div);
         let (clean, labels) = plan_labels(
             &w,
             &st.anchor,
@@ -697,7 +655,7 @@ impl Pipeline for Esc {
                 )
             })?
         };
-        let clean_prob = monotone_clean_prob(div, &st.l_div);
+        let clean_prob = div.clean_prob(&st.l_div);
         let (_, soft_label) = plan_labels(
             &clean_prob,
             &st.anchor,
@@ -922,70 +880,30 @@ mod tests {
         Ok(())
     }
 
-    #[test]
-    fn monotone_clean_prob_repairs_a_narrow_clean_component() {
-        use crate::division::{Bmm, Mixture, MixtureKind, Normaliser};
-        // The mixture fitted on the demo run: a narrow clean Beta(96, 152)
-        // (mean 0.39) and a broad noisy Beta(5.8, 6.9) (mean 0.46). At x = 0.1
-        // the clean density is ~1e-12 of the noisy one, so the raw posterior
-        // says "noisy" for a loss far below every clean loss.
-        let div = Division {
-            kind: MixtureKind::Bmm,
-            side: CleanSide::LowMean,
-            normaliser: Normaliser { min: 0.0, max: 1.0 },
-            mixture: Some(Mixture::Bmm(Bmm {
-                weights: [0.58, 0.42],
-                alphas: [96.0, 5.8],
-                betas: [152.0, 6.9],
-                floor_hits: 0,
-            })),
-            clean_component: 0,
-            fallback: None,
-            iterations: 10,
-            converged: true,
-        };
-        let xs: Vec<f32> = (0..=100).map(|k| k as f32 / 100.0).collect();
-        let raw = div.clean_prob(&xs);
-        let fixed = monotone_clean_prob(&div, &xs);
-        assert!(
-            raw[10] < 0.01,
-            "raw posterior at 0.1 should be ~0, got {}",
-            raw[10]
-        );
-        let peak = raw.iter().cloned().fold(0f32, f32::max);
-        assert!(peak > 0.5, "peak {peak}");
-        assert!((fixed[10] - peak).abs() < 1e-3, "{} vs {peak}", fixed[10]);
-        for w in fixed.windows(2) {
-            assert!(w[0] + 1e-6 >= w[1], "not non-increasing: {fixed:?}");
-        }
-        for (f, r) in fixed.iter().zip(&raw) {
-            assert!(f >= r);
-        }
-        // Right of the clean peak the posterior is already decreasing: unchanged.
-        close(&fixed[60..], &raw[60..]);
-        // A fallback division (no mixture) keeps every pair.
-        let none = Division {
-            mixture: None,
-            ..div
-        };
-        assert_eq!(monotone_clean_prob(&none, &[0.3, f32::NAN]), vec![1.0, 1.0]);
-    }
-
     fn tiny() -> (ModelConfig, PairInputs) {
         let cfg = ModelConfig {
-            image: ImageTowerConfig::Precomputed { dim: 3 },
-            text: TextTowerConfig::Precomputed { dim: 3 },
+            image: ImageTowerConfig::Precomputed {
+                dim: 3,
+                local_dim: None,
+            },
+            text: TextTowerConfig::Precomputed {
+                dim: 3,
+                local_dim: None,
+            },
             joint_dim: 4,
             hidden: 8,
+            head: Default::default(),
         };
         let data = PairInputs {
             images: ImageInputs::Embeddings {
                 data: vec![1., 0., 0., 0., 1., 0., 0., 0., 1., 1., 1., 0.],
                 dim: 3,
+                local: None,
             },
             texts: TextInputs::Embeddings {
                 data: vec![0., 1., 0., 0., 0., 1., 1., 0., 0., 0., 1., 1.],
                 dim: 3,
+                local: None,
             },
         };
         (cfg, data)

@@ -755,10 +755,17 @@ mod tests {
 
     fn tiny_model() -> ModelConfig {
         ModelConfig {
-            image: ImageTowerConfig::Precomputed { dim: 4 },
-            text: TextTowerConfig::Precomputed { dim: 4 },
+            image: ImageTowerConfig::Precomputed {
+                dim: 4,
+                local_dim: None,
+            },
+            text: TextTowerConfig::Precomputed {
+                dim: 4,
+                local_dim: None,
+            },
             joint_dim: 4,
             hidden: 8,
+            head: Default::default(),
         }
     }
 
@@ -775,8 +782,16 @@ mod tests {
             }
         }
         PairInputs {
-            images: ImageInputs::Embeddings { data: img, dim: 4 },
-            texts: TextInputs::Embeddings { data: txt, dim: 4 },
+            images: ImageInputs::Embeddings {
+                data: img,
+                dim: 4,
+                local: None,
+            },
+            texts: TextInputs::Embeddings {
+                data: txt,
+                dim: 4,
+                local: None,
+            },
         }
     }
 

@@ -2,7 +2,6 @@
 
 use candle_core::{Device, Result, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
-use ncclean_models::model::LocalOptions;
 use ncclean_models::{similarity, MatchingModel, ModelConfig, PairInputs, ParamStore};
 
 /// A matching model, its parameters and an Adam optimiser with gradient-norm
@@ -17,7 +16,8 @@ pub struct Net {
 }
 
 impl Net {
-    /// A freshly initialised network; `seed` fixes its initial weights.
+    /// A freshly initialised network (towers and head as `config` says);
+    /// `seed` fixes its initial weights.
     pub fn new(
         config: &ModelConfig,
         seed: u64,
@@ -25,21 +25,8 @@ impl Net {
         lr: f64,
         clip: f64,
     ) -> Result<Net> {
-        Self::with_options(config, LocalOptions::default(), seed, device, lr, clip)
-    }
-
-    /// A freshly initialised network with local heads / pooling `options`
-    /// (methods that need region and token features, e.g. ReCon).
-    pub fn with_options(
-        config: &ModelConfig,
-        options: LocalOptions,
-        seed: u64,
-        device: &Device,
-        lr: f64,
-        clip: f64,
-    ) -> Result<Net> {
         let mut store = ParamStore::new(seed, device);
-        let model = MatchingModel::with_options(config, options, &mut store)?;
+        let model = MatchingModel::new(config, &mut store)?;
         let varmap = store.into_varmap();
         // Adam, as the papers use it: no decoupled weight decay.
         let params = ParamsAdamW {
@@ -149,19 +136,28 @@ mod tests {
     fn clipping_bounds_the_update_and_training_lowers_the_loss() -> Result<()> {
         let dev = Device::Cpu;
         let cfg = ModelConfig {
-            image: ImageTowerConfig::Precomputed { dim: 3 },
-            text: TextTowerConfig::Precomputed { dim: 3 },
+            image: ImageTowerConfig::Precomputed {
+                dim: 3,
+                local_dim: None,
+            },
+            text: TextTowerConfig::Precomputed {
+                dim: 3,
+                local_dim: None,
+            },
             joint_dim: 4,
             hidden: 8,
+            head: Default::default(),
         };
         let data = PairInputs {
             images: ImageInputs::Embeddings {
                 data: vec![1., 0., 0., 0., 1., 0., 0., 0., 1.],
                 dim: 3,
+                local: None,
             },
             texts: TextInputs::Embeddings {
                 data: vec![0., 1., 0., 0., 0., 1., 1., 0., 0.],
                 dim: 3,
+                local: None,
             },
         };
         let mut net = Net::new(&cfg, 1, &dev, 1e-2, 2.0)?;

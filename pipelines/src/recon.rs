@@ -1,8 +1,8 @@
 //! `recon`: ReCon — Relation Consistency (CVPR 2025; METHODS.md section 4).
 //!
-//! One network with local heads (image regions = cells of the demo CNN's last
-//! grid, caption tokens = projected word embeddings) and GPO pooling for the
-//! global embeddings. After η warm-up epochs with the triplet loss summed over
+//! One network with local heads (image regions = grid cells / patches,
+//! caption tokens, each projected into the joint space) and, by default, GPO
+//! pooling for the global embeddings. After η warm-up epochs with the triplet loss summed over
 //! in-batch negatives, every epoch:
 //! 1. computes per pair the cross-modal relation loss `L_CM` (symmetric
 //!    InfoNCE, τ = 0.1, in shuffled batches), the intra-modal relation
@@ -22,10 +22,12 @@
 //! # Departures from the paper
 //! - Backbone: the paper uses SGRAF (Faster R-CNN regions, GRU text encoder,
 //!   a learned similarity head). Here the similarity is the cosine of global
-//!   embeddings pooled with GPO over local features of ncclean's demo towers;
-//!   the local relation matrices use the cosine `g(v, l) = vᵀl` of unit local
-//!   features. Precomputed (global-only) features are rejected: the engine
-//!   does not pass cached local features.
+//!   embeddings pooled with GPO (the preset's `head = "gpo"`) over local
+//!   features: the demo towers' grid cells and word embeddings, or the frozen
+//!   towers' cached grid cells / patches and token features (MobileNetV2:
+//!   7×7 cells of 1280; MiniLM: tokens of 384) instead of Faster R-CNN
+//!   regions; the local relation matrices use the cosine `g(v, l) = vᵀl` of
+//!   unit local features. Embedding columns (global only) are rejected.
 //! - The relation rows are softmax-normalised with a temperature
 //!   (`relation_tau`, default 1 = plain softmax, which the paper implies).
 //! - `L_CM` averages the two directions of the InfoNCE (the paper does not
@@ -37,9 +39,7 @@
 use candle_core::{Device, Result, Tensor, D};
 use ncclean_models::layers::log_softmax_last;
 use ncclean_models::rng::Rng;
-use ncclean_models::{
-    ImageTowerConfig, LocalOptions, ModelConfig, PairInputs, Pooling, TextTowerConfig,
-};
+use ncclean_models::{ImageTowerConfig, LocalOptions, ModelConfig, PairInputs, TextTowerConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::batches::shuffled_batches;
@@ -74,8 +74,6 @@ pub struct ReconParams {
     pub xi: f64,
     /// Temperature of the row softmax of the relation matrices.
     pub relation_tau: f64,
-    /// Global pooling of the local features: "gpo" (VSE∞) or "mean".
-    pub pooling: Pooling,
 }
 
 /// Build the ReCon pipeline.
@@ -257,7 +255,7 @@ fn local_forward(
     relation_tau: f64,
 ) -> Result<(Tensor, Tensor)> {
     let dev = net.device();
-    let (gi, li) = net
+    let (gi, li, _) = net
         .model
         .embed_images_local(&data.images.batch(idx, dev)?)?;
     let (gt, lt, mask) = net.model.embed_texts_local(&data.texts.batch(idx, dev)?)?;
@@ -283,19 +281,29 @@ impl Recon {
             .method_params("recon")
             .map_err(candle_core::Error::Msg)?;
         // Fail before training rather than at the first batch.
-        let demo_image = matches!(model.image, ImageTowerConfig::DemoCnn { .. });
-        let demo_text = matches!(model.text, TextTowerConfig::DemoBow { .. });
-        if !(demo_image && demo_text) {
+        let image_local = match model.image {
+            ImageTowerConfig::DemoCnn { .. } => true,
+            ImageTowerConfig::Precomputed { local_dim, .. } => local_dim.is_some(),
+        };
+        let text_local = match model.text {
+            TextTowerConfig::DemoBow { .. } => true,
+            TextTowerConfig::Precomputed { local_dim, .. } => local_dim.is_some(),
+        };
+        if !(image_local && text_local) {
             candle_core::bail!(
-                "recon needs local features (image regions and caption tokens); only the demo CNN and \
-                 bag-of-words towers provide them today, precomputed or cached global embeddings do not"
+                "recon needs local features (image regions and caption tokens): the demo towers and the frozen \
+                 towers (mobilenet_v2, clip, minilm) provide them; precomputed embedding columns do not"
             );
         }
-        let options = LocalOptions {
-            local: true,
-            pooling: params.pooling,
+        // The relation matrices need local heads whatever the pooling.
+        let model = ModelConfig {
+            head: LocalOptions {
+                local: true,
+                ..model.head
+            },
+            ..model.clone()
         };
-        let net = Net::with_options(model, options, seed, device, cfg.lr, cfg.grad_clip)?;
+        let net = Net::new(&model, seed, device, cfg.lr, cfg.grad_clip)?;
         Ok(Recon {
             cfg,
             params,
@@ -541,6 +549,7 @@ impl Pipeline for Recon {
 mod tests {
     use super::*;
     use candle_core::Var;
+    use ncclean_models::Pooling;
 
     fn close(a: &[f32], b: &[f32]) {
         assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
@@ -672,10 +681,17 @@ mod tests {
     fn precomputed_towers_are_rejected_up_front() {
         let cfg = crate::config::resolve("recon", None, &toml::Table::new()).expect("preset");
         let model = ModelConfig {
-            image: ImageTowerConfig::Precomputed { dim: 4 },
-            text: TextTowerConfig::Precomputed { dim: 4 },
+            image: ImageTowerConfig::Precomputed {
+                dim: 4,
+                local_dim: None,
+            },
+            text: TextTowerConfig::Precomputed {
+                dim: 4,
+                local_dim: Some(3),
+            },
             joint_dim: 4,
             hidden: 4,
+            head: Default::default(),
         };
         let err = build(cfg, &model, 0, &Device::Cpu)
             .err()
@@ -699,12 +715,12 @@ mod tests {
             },
             joint_dim: 5,
             hidden: 7,
+            head: LocalOptions {
+                local: true,
+                pooling: Pooling::Gpo,
+            },
         };
-        let options = LocalOptions {
-            local: true,
-            pooling: Pooling::Gpo,
-        };
-        let net = Net::with_options(&cfg, options, 2, &dev, 1e-3, 2.0)?;
+        let net = Net::new(&cfg, 2, &dev, 1e-3, 2.0)?;
         let data = PairInputs {
             images: ImageInputs::Pixels {
                 data: (0..3 * 3 * 256).map(|i| (i * 13 % 251) as u8).collect(),

@@ -20,7 +20,7 @@ pub struct FitArgs {
     pub encoders: EncoderArgs,
     #[command(flatten)]
     pub cache: CacheArgs,
-    /// Method: vanilla (NCR-like reference), esc, gsc, crcl, recon (demo towers only). Defaults in pipelines/presets/<method>.toml.
+    /// Method: vanilla (NCR-like reference), esc, gsc, crcl, recon (needs local features: demo or frozen towers, not embedding columns). Defaults in pipelines/presets/<method>.toml.
     #[arg(long, default_value = "vanilla", value_parser = clap::builder::PossibleValuesParser::new(ncclean_pipelines::METHODS))]
     pub method: String,
     /// Run directory: run.json, checkpoint/, labels.parquet, filtered.parquet, stats.json.
@@ -41,6 +41,11 @@ pub struct FitArgs {
     /// Learning rate (default: the method's preset).
     #[arg(long)]
     pub lr: Option<f64>,
+    /// Matching head: mean (a projection of each tower's global vector) or gpo (VSE∞ pooling over projected
+    /// grid cells / patches and tokens; loads the frozen towers' local features, ~50× the global ones).
+    /// Default: the method's preset (gpo for recon, mean otherwise).
+    #[arg(long, value_parser = ["mean", "gpo"])]
+    pub head: Option<String>,
     /// Clean-probability threshold for is_clean (default: 0.5, the method's own division).
     #[arg(long)]
     pub threshold: Option<f64>,
@@ -68,6 +73,9 @@ fn overrides(a: &FitArgs) -> Result<toml::Table> {
     int("batch_size", a.batch_size);
     if let Some(lr) = a.lr {
         t.insert("lr".into(), toml::Value::Float(lr));
+    }
+    if let Some(h) = &a.head {
+        t.insert("head".into(), toml::Value::String(h.clone()));
     }
     if let Some(th) = a.threshold {
         t.insert("threshold".into(), toml::Value::Float(th));
