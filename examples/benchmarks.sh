@@ -12,7 +12,10 @@ bash scripts/fetch_minilm.sh >/dev/null
 # The dev profile optimises dependencies and ncclean-models at -O3 (see
 # Cargo.toml), so it runs at release speed without a second full build.
 cargo build --quiet --bin ncclean --example flickr8k_build
-bin=target/debug/ncclean
+# A private copy: rebuilding the workspace during a run must not swap the binary.
+mkdir -p "$out"
+cp target/debug/ncclean "$out/ncclean-bench"
+bin=$out/ncclean-bench
 [ -f "$out/test.parquet" ] || target/debug/examples/flickr8k_build "$shared/data/flickr8k" "$out"
 towers=(--image-encoder mobilenet_v2 --image-model "$shared/models/mobilenet_v2/model.safetensors" --text-encoder minilm --cache-dir "$out/cache")
 rows=()

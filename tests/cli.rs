@@ -194,6 +194,49 @@ fn fit_is_deterministic_for_a_seed() {
     );
 }
 
+#[test]
+fn any_method_runs_on_the_gpo_head_and_score_rebuilds_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 200);
+    let run = tmp.path().join("gsc-gpo");
+    ok(&[
+        "fit",
+        p(&data),
+        "--method",
+        "gsc",
+        "--head",
+        "gpo",
+        "--out-dir",
+        p(&run),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "32",
+    ]);
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap()).unwrap();
+    assert_eq!(state["model"]["head"]["pooling"], "gpo");
+    assert_eq!(state["model"]["head"]["local"], true);
+    let (labels, _) = read_labels(&run.join("labels.parquet")).unwrap();
+    assert_eq!(labels.len(), 200);
+    // score rebuilds the GPO head from the checkpoint and reproduces fit
+    let scored = tmp.path().join("scored.parquet");
+    ok(&[
+        "score",
+        p(&data),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&scored),
+    ]);
+    assert_eq!(read_labels(&scored).unwrap().0, labels);
+    // an unknown head is a usage error that lists the choices
+    let out = ncclean(&["fit", p(&data), "--out-dir", p(&run), "--head", "max"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("mean") && err.contains("gpo"), "{err}");
+}
+
 /// The demo data with row 5's image replaced by garbage bytes and row 7's
 /// caption emptied.
 fn damaged_demo(dir: &Path) -> PathBuf {
