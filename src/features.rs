@@ -300,17 +300,18 @@ struct ShardWriter {
     count: usize,
 }
 
-fn f16_bytes(t: &Tensor) -> Result<Vec<u8>> {
+/// All values of `t`, flattened and rounded to f16 (the cache's precision).
+fn f16_values(t: &Tensor) -> Result<Vec<f16>> {
     let v: Vec<f32> = t
         .to_dtype(DType::F32)
         .and_then(|t| t.flatten_all())
         .and_then(|t| t.to_vec1())
         .context("reading features")?;
-    let mut b = Vec::with_capacity(v.len() * 2);
-    for x in v {
-        b.extend_from_slice(&f16::from_f32(x).to_bits().to_le_bytes());
-    }
-    Ok(b)
+    Ok(v.into_iter().map(f16::from_f32).collect())
+}
+
+fn le_bytes(v: &[f16]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
 }
 
 impl ShardWriter {
@@ -345,15 +346,16 @@ impl ShardWriter {
         })
     }
 
-    fn push(&mut self, keys: &[Key], global: &Tensor, local: &Tensor, lens: &[u16]) -> Result<()> {
+    /// Append `keys` with their global vectors and local sets (f16 values).
+    fn push(&mut self, keys: &[Key], global: &[f16], local: &[f16], lens: &[u16]) -> Result<()> {
         for k in keys {
             self.keys.write_all(k).context("writing cache keys")?;
         }
         self.global
-            .write_all(&f16_bytes(global)?)
+            .write_all(&le_bytes(global))
             .context("writing cached features")?;
         self.local
-            .write_all(&f16_bytes(local)?)
+            .write_all(&le_bytes(local))
             .context("writing cached features")?;
         if let Some(l) = self.lens.as_mut() {
             for n in lens {
@@ -495,49 +497,42 @@ impl Side {
         local: &Tensor,
         lens: &[u16],
     ) -> Result<()> {
-        let g: Vec<Vec<f32>> = out
-            .global
-            .to_dtype(DType::F32)
-            .and_then(|t| t.to_vec2())
-            .context("reading features")?;
-        self.dim = g.first().map(Vec::len).unwrap_or(self.dim);
-        for (k, v) in keys.iter().zip(g) {
-            // Round through f16 so cached and fresh runs see identical values.
-            let v: Vec<f32> = v.into_iter().map(|x| f16::from_f32(x).to_f32()).collect();
-            self.fresh.insert(self.slot[k], v);
+        // One rounding to f16 serves the shard and this run, so cached and
+        // fresh runs see identical values.
+        if keys.is_empty() {
+            return Ok(());
         }
-        if let Some(dim) = self.local_dim {
-            let flat: Vec<f32> = local
-                .to_dtype(DType::F32)
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.to_vec1())
-                .context("reading local features")?;
-            let per_item = flat.len() / (dim * keys.len()).max(1);
+        let global = f16_values(&out.global)?;
+        let local_h = f16_values(local)?;
+        self.dim = global.len() / keys.len();
+        let dim = self.dim.max(1);
+        for (k, v) in keys.iter().zip(global.chunks_exact(dim)) {
+            self.fresh
+                .insert(self.slot[k], v.iter().map(|x| x.to_f32()).collect());
+        }
+        if let Some(ldim) = self.local_dim {
             let counts: Vec<usize> = if lens.is_empty() {
-                vec![per_item; keys.len()]
+                vec![local_h.len() / (ldim * keys.len()).max(1); keys.len()]
             } else {
                 lens.iter().map(|&n| n as usize).collect()
             };
-            if counts.iter().sum::<usize>() * dim != flat.len() {
+            if counts.iter().sum::<usize>() * ldim != local_h.len() {
                 return Err(anyhow::anyhow!(
-                    "the tower returned {} local values for {} items of width {dim}",
-                    flat.len(),
+                    "the tower returned {} local values for {} items of width {ldim}",
+                    local_h.len(),
                     keys.len()
                 )
                 .into());
             }
             let mut at = 0;
             for (k, c) in keys.iter().zip(counts) {
-                let set = flat[at * dim..(at + c) * dim]
-                    .iter()
-                    .map(|&x| f16::from_f32(x))
-                    .collect();
+                let set = local_h[at * ldim..(at + c) * ldim].to_vec();
                 self.fresh_local.insert(self.slot[k], set);
                 at += c;
             }
         }
         if let Some(w) = self.writer.as_mut() {
-            w.push(keys, &out.global, local, lens)?;
+            w.push(keys, &global, &local_h, lens)?;
         }
         Ok(())
     }
@@ -830,8 +825,8 @@ mod tests {
         // 0.1 is not exact in f16: reading back gives the f16-rounded value.
         w.push(
             &keys,
-            &tensor(&[1.0, 0.1, -2.0, 0.5], 2),
-            &tensor(&[0.0; 12], 2),
+            &f16_values(&tensor(&[1.0, 0.1, -2.0, 0.5], 2)).unwrap(),
+            &f16_values(&tensor(&[0.0; 12], 2)).unwrap(),
             &[],
         )
         .unwrap();
@@ -871,7 +866,13 @@ mod tests {
         let mut w = ShardWriter::create(&store.dir, false).unwrap();
         let cells: Vec<f32> = (0..12).map(|i| i as f32).collect();
         let grid = Tensor::from_vec(cells, (2, 3, 2), &Device::Cpu).unwrap();
-        w.push(&[a, b], &tensor(&[0.0; 4], 2), &grid, &[]).unwrap();
+        w.push(
+            &[a, b],
+            &f16_values(&tensor(&[0.0; 4], 2)).unwrap(),
+            &f16_values(&grid).unwrap(),
+            &[],
+        )
+        .unwrap();
         w.finish().unwrap();
         let store = Store::open(tmp.path(), "image|grid").unwrap();
         let sets = store.read_local(&[b, a], 2).unwrap();
@@ -886,8 +887,13 @@ mod tests {
         let store = Store::open(tmp.path(), "text|tokens").unwrap();
         let mut w = ShardWriter::create(&store.dir, true).unwrap();
         let toks = tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3);
-        w.push(&[a, b], &tensor(&[0.0; 4], 2), &toks, &[1, 2])
-            .unwrap();
+        w.push(
+            &[a, b],
+            &f16_values(&tensor(&[0.0; 4], 2)).unwrap(),
+            &f16_values(&toks).unwrap(),
+            &[1, 2],
+        )
+        .unwrap();
         w.finish().unwrap();
         let store = Store::open(tmp.path(), "text|tokens").unwrap();
         let sets = store.read_local(&[b, a], 2).unwrap();
@@ -934,8 +940,8 @@ mod tests {
             let mut w = ShardWriter::create(&store.dir, true).unwrap();
             w.push(
                 &[key_of(b"x")],
-                &tensor(&[1.0, 2.0], 1),
-                &tensor(&[1.0, 2.0], 1),
+                &f16_values(&tensor(&[1.0, 2.0], 1)).unwrap(),
+                &f16_values(&tensor(&[1.0, 2.0], 1)).unwrap(),
                 &[1],
             )
             .unwrap();

@@ -57,6 +57,13 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
+    /// Learning rate at `epoch` (0-based): `lr`, times `lr_decay` for every
+    /// entry of `lr_decay_epochs` at or before it.
+    pub fn lr_at(&self, epoch: usize) -> f64 {
+        let decays = self.lr_decay_epochs.iter().filter(|&&e| epoch >= e).count();
+        self.lr * self.lr_decay.powi(decays as i32)
+    }
+
     /// Parse the method-specific `[params]` table into `T`; errors name the
     /// offending key.
     pub fn method_params<T: serde::de::DeserializeOwned>(&self, method: &str) -> Result<T, String> {

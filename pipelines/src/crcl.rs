@@ -64,7 +64,7 @@ use crate::division::{CleanSide, Division};
 use crate::losses::diagonal;
 use crate::net::Net;
 use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
-use crate::scoring::pair_similarity;
+use crate::scoring::{pair_similarity, score_rng};
 
 const SCORE_CHUNK: usize = 512;
 
@@ -329,8 +329,7 @@ impl Crcl {
         if piece + 1 < self.params.pieces.len() {
             return self.cfg.lr;
         }
-        let decays = self.cfg.lr_decay_epochs.iter().filter(|&&e| t >= e).count();
-        self.cfg.lr * self.cfg.lr_decay.powi(decays as i32)
+        self.cfg.lr_at(t)
     }
 
     /// Make the network the one of `piece`. Self-refining: a new piece
@@ -351,10 +350,6 @@ impl Crcl {
         Ok(())
     }
 
-    fn score_rng(&self) -> Rng {
-        Rng::derive(self.seed, "score-shuffles")
-    }
-
     /// The division statistic `p_i` of every pair and the similarity `S_ii`.
     fn statistic(&self, data: &PairInputs) -> Result<(Vec<f32>, Vec<f32>)> {
         let (vi, vt) = self.net.embed_all(data, SCORE_CHUNK)?;
@@ -364,7 +359,7 @@ impl Crcl {
             self.cfg.batch_size,
             self.cfg.division_shuffles,
             self.params.tau,
-            &mut self.score_rng(),
+            &mut score_rng(self.seed),
         )?;
         Ok((stat, pair_similarity(&vi, &vt)?))
     }

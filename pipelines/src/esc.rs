@@ -77,7 +77,7 @@ use crate::division::{CleanSide, Division};
 use crate::losses::{per_sample_hinge, soft_margin_hinge};
 use crate::net::Net;
 use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
-use crate::scoring::pair_similarity;
+use crate::scoring::{pair_similarity, score_rng};
 
 const SCORE_CHUNK: usize = 512;
 /// Cosines at or below this carry no usable ratio (see the departures).
@@ -407,16 +407,6 @@ impl Esc {
         })
     }
 
-    fn lr_at(&self, epoch: usize) -> f64 {
-        let decays = self
-            .cfg
-            .lr_decay_epochs
-            .iter()
-            .filter(|&&e| epoch >= e)
-            .count();
-        self.cfg.lr * self.cfg.lr_decay.powi(decays as i32)
-    }
-
     /// `l_div`, ESC anchors and BiCro raw labels of every pair under net `k`,
     /// in shuffled batches of the training batch size drawn from `rng`.
     fn net_stats(&self, k: usize, data: &PairInputs, rng: &mut Rng) -> Result<NetStats> {
@@ -462,8 +452,8 @@ impl Esc {
 
     /// Both networks' statistics on the same fixed batches, averaged.
     fn scoring_stats(&self, data: &PairInputs) -> Result<NetStats> {
-        let a = self.net_stats(0, data, &mut self.score_rng())?;
-        let b = self.net_stats(1, data, &mut self.score_rng())?;
+        let a = self.net_stats(0, data, &mut score_rng(self.seed))?;
+        let b = self.net_stats(1, data, &mut score_rng(self.seed))?;
         let avg = |x: &[f32], y: &[f32]| {
             x.iter()
                 .zip(y)
@@ -481,10 +471,6 @@ impl Esc {
             raw_label: avg(&a.raw_label, &b.raw_label),
             similarity: avg(&a.similarity, &b.similarity),
         })
-    }
-
-    fn score_rng(&self) -> Rng {
-        Rng::derive(self.seed, "score-shuffles")
     }
 
     /// Net `k`'s division of the training data, used to train the other net.
@@ -557,7 +543,7 @@ impl Pipeline for Esc {
         data: &PairInputs,
         obs: &mut dyn Observer,
     ) -> Result<EpochStats> {
-        let lr = self.lr_at(epoch);
+        let lr = self.cfg.lr_at(epoch);
         self.nets.iter_mut().for_each(|n| n.set_lr(lr));
         let n = data.len();
         let all: Vec<usize> = (0..n).collect();

@@ -295,16 +295,6 @@ impl Gsc {
         })
     }
 
-    fn lr_at(&self, epoch: usize) -> f64 {
-        let decays = self
-            .cfg
-            .lr_decay_epochs
-            .iter()
-            .filter(|&&e| epoch >= e)
-            .count();
-        self.cfg.lr * self.cfg.lr_decay.powi(decays as i32)
-    }
-
     /// Whose labels net `k` trains with: the other network's when co-taught.
     fn teacher(&self, k: usize) -> usize {
         if self.nets.len() == 2 {
@@ -501,7 +491,7 @@ impl Pipeline for Gsc {
                 *l = Labels::ones(n);
             }
         }
-        let lr = self.lr_at(epoch);
+        let lr = self.cfg.lr_at(epoch);
         let mut loss = 0f64;
         for k in 0..self.nets.len() {
             self.nets[k].set_lr(lr);

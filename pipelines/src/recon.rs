@@ -48,7 +48,7 @@ use crate::division::{CleanSide, Division};
 use crate::losses::{diagonal, per_sample_hinge};
 use crate::net::Net;
 use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
-use crate::scoring::pair_similarity;
+use crate::scoring::{pair_similarity, score_rng};
 
 const SCORE_CHUNK: usize = 512;
 /// Added to masked logits so padded tokens never win an argmax or a softmax.
@@ -246,21 +246,32 @@ struct Stats {
     p: Vec<f32>,
 }
 
-/// `(S [B, B], L_IM [B])` of the pairs `idx` under `net` (built with local
-/// heads), with gradients.
+/// `(image embeddings [B, D], caption embeddings [B, D], L_IM [B])` of the
+/// pairs `idx` under `net` (built with local heads), with gradients. None of
+/// them depends on the other pairs of the batch.
+fn local_embed(
+    net: &Net,
+    data: &PairInputs,
+    idx: &[usize],
+    relation_tau: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let dev = net.device();
+    let (gi, li, _) = net
+        .model
+        .embed_images_local(&data.images.batch(idx, dev)?)?;
+    let (gt, lt, mask) = net.model.embed_texts_local(&data.texts.batch(idx, dev)?)?;
+    Ok((gi, gt, intra_modal_loss(&li, &lt, &mask, relation_tau)?))
+}
+
+/// `(S [B, B], L_IM [B])` of the pairs `idx` under `net`, with gradients.
 fn local_forward(
     net: &Net,
     data: &PairInputs,
     idx: &[usize],
     relation_tau: f64,
 ) -> Result<(Tensor, Tensor)> {
-    let dev = net.device();
-    let (gi, li, _) = net
-        .model
-        .embed_images_local(&data.images.batch(idx, dev)?)?;
-    let (gt, lt, mask) = net.model.embed_texts_local(&data.texts.batch(idx, dev)?)?;
-    let s = gi.matmul(&gt.t()?)?;
-    Ok((s, intra_modal_loss(&li, &lt, &mask, relation_tau)?))
+    let (gi, gt, im) = local_embed(net, data, idx, relation_tau)?;
+    Ok((gi.matmul(&gt.t()?)?, im))
 }
 
 /// The ReCon pipeline.
@@ -314,50 +325,43 @@ impl Recon {
         })
     }
 
-    fn lr_at(&self, epoch: usize) -> f64 {
-        let decays = self
-            .cfg
-            .lr_decay_epochs
-            .iter()
-            .filter(|&&e| epoch >= e)
-            .count();
-        self.cfg.lr * self.cfg.lr_decay.powi(decays as i32)
-    }
-
     /// `L_CM`, `p_i` (averaged over `division_shuffles` shuffled batchings
     /// from `rng`, as both depend on the batch) and `L_IM` of every pair,
     /// without training.
     fn stats(&self, data: &PairInputs, rng: &mut Rng) -> Result<Stats> {
         let n = data.len();
         let all: Vec<usize> = (0..n).collect();
+        // Embeddings and L_IM belong to one pair each: one pass over the
+        // local features; only L_CM and p_i need the shuffled batches.
+        let (mut vis, mut vts, mut l_im) = (Vec::new(), Vec::new(), Vec::with_capacity(n));
+        for chunk in all.chunks(self.cfg.batch_size.max(1)) {
+            let (gi, gt, im) = local_embed(&self.net, data, chunk, self.params.relation_tau)?;
+            vis.push(gi.detach());
+            vts.push(gt.detach());
+            l_im.extend(im.detach().to_vec1::<f32>()?);
+        }
+        let (vi, vt) = (Tensor::cat(&vis, 0)?, Tensor::cat(&vts, 0)?);
         let shuffles = self.cfg.division_shuffles.max(1);
-        let (mut l_cm, mut l_im, mut p) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
-        for k in 0..shuffles {
+        let (mut l_cm, mut p) = (vec![0f32; n], vec![0f32; n]);
+        for _ in 0..shuffles {
             for b in shuffled_batches(&all, self.cfg.batch_size, rng) {
-                let (s, im) = local_forward(&self.net, data, &b, self.params.relation_tau)?;
-                let s = s.detach();
+                let ids = Tensor::from_vec(
+                    b.iter().map(|&i| i as u32).collect::<Vec<_>>(),
+                    b.len(),
+                    vi.device(),
+                )?;
+                let s = vi
+                    .index_select(&ids, 0)?
+                    .matmul(&vt.index_select(&ids, 0)?.t()?)?;
                 let cm: Vec<f32> = infonce_per_pair(&s, self.params.tau)?.to_vec1()?;
                 let pb: Vec<f32> = matching_probability(&s, self.params.tau)?.to_vec1()?;
-                // L_IM involves one pair only: the first batching suffices
-                let im: Vec<f32> = if k == 0 {
-                    im.detach().to_vec1()?
-                } else {
-                    Vec::new()
-                };
                 for (j, &i) in b.iter().enumerate() {
                     l_cm[i] += cm[j] / shuffles as f32;
                     p[i] += pb[j] / shuffles as f32;
-                    if let Some(&v) = im.get(j) {
-                        l_im[i] = v;
-                    }
                 }
             }
         }
         Ok(Stats { l_cm, l_im, p })
-    }
-
-    fn score_rng(&self) -> Rng {
-        Rng::derive(self.seed, "score-shuffles")
     }
 
     fn fit_division(&self, l_cm: &[f32]) -> Division {
@@ -388,7 +392,7 @@ impl Pipeline for Recon {
         data: &PairInputs,
         obs: &mut dyn Observer,
     ) -> Result<EpochStats> {
-        self.net.set_lr(self.lr_at(epoch));
+        self.net.set_lr(self.cfg.lr_at(epoch));
         let n = data.len();
         let mut rng = Rng::derive(self.seed, &format!("epoch-{epoch}"));
         let warmup = epoch < self.cfg.warmup_epochs;
@@ -467,7 +471,7 @@ impl Pipeline for Recon {
 
     fn finalize(&mut self, data: &PairInputs, obs: &mut dyn Observer) -> Result<()> {
         obs.start("final division", 1);
-        let st = self.stats(data, &mut self.score_rng())?;
+        let st = self.stats(data, &mut score_rng(self.seed))?;
         self.division = Some(self.fit_division(&st.l_cm));
         obs.advance(1);
         obs.finish();
@@ -476,7 +480,7 @@ impl Pipeline for Recon {
 
     fn score(&self, data: &PairInputs, refit: bool, obs: &mut dyn Observer) -> Result<PairScores> {
         obs.start("scoring", 1);
-        let st = self.stats(data, &mut self.score_rng())?;
+        let st = self.stats(data, &mut score_rng(self.seed))?;
         let refitted;
         let div = if refit {
             refitted = self.fit_division(&st.l_cm);

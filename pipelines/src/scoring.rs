@@ -7,6 +7,12 @@ use ncclean_models::rng::Rng;
 use crate::batches::shuffled_batches;
 use crate::losses::per_sample_hinge;
 
+/// The shuffle stream of final scoring: fixed per seed, so `fit`'s labels
+/// and `ncclean score` on the same data see the same batches.
+pub fn score_rng(seed: u64) -> Rng {
+    Rng::derive(seed, "score-shuffles")
+}
+
 /// Similarity of each pair with itself, `S_ii`, from full-dataset embeddings.
 pub fn pair_similarity(vi: &Tensor, vt: &Tensor) -> Result<Vec<f32>> {
     (vi * vt)?.sum(1)?.to_vec1()

@@ -14,7 +14,7 @@ use crate::division::{CleanSide, Division};
 use crate::losses::{per_sample_hinge, soft_margin_hinge};
 use crate::net::Net;
 use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
-use crate::scoring::{hinge_statistic, pair_similarity};
+use crate::scoring::{hinge_statistic, pair_similarity, score_rng};
 
 const SCORE_CHUNK: usize = 512;
 
@@ -40,16 +40,6 @@ impl Vanilla {
         })
     }
 
-    fn lr_at(&self, epoch: usize) -> f64 {
-        let decays = self
-            .cfg
-            .lr_decay_epochs
-            .iter()
-            .filter(|&&e| epoch >= e)
-            .count();
-        self.cfg.lr * self.cfg.lr_decay.powi(decays as i32)
-    }
-
     /// The division statistic of every pair (per-sample hinge over shuffled
     /// batches) and the similarity S_ii, with a fixed shuffle stream.
     fn statistic(&self, data: &PairInputs, rng: &mut Rng) -> Result<(Vec<f32>, Vec<f32>)> {
@@ -63,10 +53,6 @@ impl Vanilla {
             rng,
         )?;
         Ok((stat, pair_similarity(&vi, &vt)?))
-    }
-
-    fn score_rng(&self) -> Rng {
-        Rng::derive(self.seed, "score-shuffles")
     }
 }
 
@@ -93,7 +79,7 @@ impl Pipeline for Vanilla {
         data: &PairInputs,
         obs: &mut dyn Observer,
     ) -> Result<EpochStats> {
-        self.net.set_lr(self.lr_at(epoch));
+        self.net.set_lr(self.cfg.lr_at(epoch));
         let n = data.len();
         let mut rng = Rng::derive(self.seed, &format!("epoch-{epoch}"));
         let warmup = epoch < self.cfg.warmup_epochs;
@@ -141,7 +127,7 @@ impl Pipeline for Vanilla {
 
     fn finalize(&mut self, data: &PairInputs, obs: &mut dyn Observer) -> Result<()> {
         obs.start("final division", 1);
-        let (stat, _) = self.statistic(data, &mut self.score_rng())?;
+        let (stat, _) = self.statistic(data, &mut score_rng(self.seed))?;
         let div = Division::fit(&stat, self.cfg.mixture, CleanSide::LowMean);
         self.labels = div.clean_prob(&stat);
         self.division = Some(div);
@@ -152,7 +138,7 @@ impl Pipeline for Vanilla {
 
     fn score(&self, data: &PairInputs, refit: bool, obs: &mut dyn Observer) -> Result<PairScores> {
         obs.start("scoring", 1);
-        let (stat, similarity) = self.statistic(data, &mut self.score_rng())?;
+        let (stat, similarity) = self.statistic(data, &mut score_rng(self.seed))?;
         let refitted;
         let div = if refit {
             refitted = Division::fit(&stat, self.cfg.mixture, CleanSide::LowMean);
