@@ -412,6 +412,38 @@ impl MatchingModel {
         Ok((l2_normalize(&global)?, l2_normalize(&local)?, mask))
     }
 
+    /// Pooled image features before the head, as unit vectors `[B, F]`: a
+    /// frozen tower's global vector (the backbone's pooled output), or the
+    /// demo CNN's last grid averaged over its cells. They place a pair's
+    /// image among the others by the tower alone, not by the joint space the
+    /// noisy pairs are shaping (ESC's BiCro soft labels compare pairs by them).
+    pub fn pooled_images(&self, x: &ImageBatch) -> Result<Tensor> {
+        let pooled = match (&self.image, x) {
+            (ImageTower::Cnn { convs, .. }, ImageBatch::Pixels(px)) => {
+                cnn_grid(convs, px)?.flatten_from(2)?.mean(2)?
+            }
+            (ImageTower::Precomputed { .. }, ImageBatch::Embeddings { global, .. }) => {
+                global.clone()
+            }
+            _ => candle_core::bail!("image batch does not match the image tower of this model"),
+        };
+        l2_normalize(&pooled)
+    }
+
+    /// Pooled caption features before the head, as unit vectors `[B, F]`: a
+    /// frozen tower's global vector, or the demo tower's mean word embedding
+    /// (see [`MatchingModel::pooled_images`]).
+    pub fn pooled_texts(&self, t: &TextBatch) -> Result<Tensor> {
+        let pooled = match (&self.text, t) {
+            (TextTower::Bow { emb, .. }, TextBatch::Tokens { ids, mask }) => {
+                masked_mean(&emb.forward(ids)?, mask)?
+            }
+            (TextTower::Precomputed { .. }, TextBatch::Embeddings { global, .. }) => global.clone(),
+            _ => candle_core::bail!("text batch does not match the text tower of this model"),
+        };
+        l2_normalize(&pooled)
+    }
+
     /// Text batch → unit vectors `[B, joint]`.
     pub fn embed_texts(&self, t: &TextBatch) -> Result<Tensor> {
         let z = match (&self.text, t) {
@@ -667,6 +699,64 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("GPO head needs local image features"), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn pooled_features_are_the_towers_own_and_ignore_the_head() -> Result<()> {
+        let dev = Device::Cpu;
+        let close = |got: Vec<f32>, want: &[f32]| {
+            assert_eq!(got.len(), want.len());
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-5, "{got:?} vs {want:?}");
+            }
+        };
+        // Precomputed towers: the input vector, unit-normalised, whatever the head.
+        // image 0 = [0.1, 0.2, −0.3, 0.4], |·| = √0.30 = 0.547723
+        //   → [0.182574, 0.365148, −0.547723, 0.730297]
+        // caption 1 = [0.6, 0.4, −0.2], |·| = √0.56 = 0.748331
+        //   → [0.801784, 0.534522, −0.267261]
+        let (imgs, texts) = precomputed_inputs(true);
+        for head in [(false, Pooling::Mean), (true, Pooling::Gpo)] {
+            let cfg = with_head(&precomputed_config(true), head.0, head.1);
+            let m = MatchingModel::new(&cfg, &mut ParamStore::new(5, &dev))?;
+            let pi = m.pooled_images(&imgs.batch(&[0], &dev)?)?;
+            close(
+                pi.flatten_all()?.to_vec1()?,
+                &[0.182574, 0.365148, -0.547723, 0.730297],
+            );
+            let pt = m.pooled_texts(&texts.batch(&[1], &dev)?)?;
+            close(
+                pt.flatten_all()?.to_vec1()?,
+                &[0.801784, 0.534522, -0.267261],
+            );
+        }
+        // Demo text tower: the mean of the caption's word vectors, normalised.
+        let mut p = ParamStore::new(3, &dev);
+        let m = MatchingModel::new(&demo_config(), &mut p)?;
+        let table: Vec<Vec<f32>> = {
+            let vars = p.varmap().data().lock().unwrap();
+            vars["text.emb.weight"].as_tensor().to_vec2()?
+        };
+        let mean: Vec<f32> = (0..6).map(|d| (table[2][d] + table[3][d]) / 2.0).collect();
+        let norm = mean.iter().map(|v| v * v).sum::<f32>().sqrt();
+        let want: Vec<f32> = mean.iter().map(|v| v / norm).collect();
+        let texts = TextInputs::Tokens(vec![vec![2, 3]]);
+        close(
+            m.pooled_texts(&texts.batch(&[0], &dev)?)?
+                .flatten_all()?
+                .to_vec1()?,
+            &want,
+        );
+        // Demo CNN: the last grid averaged over cells, one value per channel.
+        let imgs = ImageInputs::Pixels {
+            data: (0..2 * 3 * 64).map(|i| (i * 7 % 256) as u8).collect(),
+            size: 8,
+        };
+        let pi = m.pooled_images(&imgs.batch(&[0, 1], &dev)?)?;
+        assert_eq!(pi.dims(), &[2, 16]);
+        let norms: Vec<f32> = pi.sqr()?.sum(1)?.to_vec1()?;
+        assert!(norms.iter().all(|n| (n - 1.0).abs() < 1e-5), "{norms:?}");
         Ok(())
     }
 

@@ -81,6 +81,19 @@ impl Net {
         Ok((vi, vt))
     }
 
+    /// Pooled tower features (before the head) of images and captions
+    /// `idx`, unit vectors, without gradients
+    /// ([`ncclean_models::MatchingModel::pooled_images`]).
+    pub fn batch_pooled(&self, data: &PairInputs, idx: &[usize]) -> Result<(Tensor, Tensor)> {
+        let pi = self
+            .model
+            .pooled_images(&data.images.batch(idx, &self.device)?)?;
+        let pt = self
+            .model
+            .pooled_texts(&data.texts.batch(idx, &self.device)?)?;
+        Ok((pi.detach(), pt.detach()))
+    }
+
     /// Embeddings of every pair, computed in chunks without gradients.
     pub fn embed_all(&self, data: &PairInputs, chunk: usize) -> Result<(Tensor, Tensor)> {
         let n = data.len();
