@@ -90,9 +90,9 @@ done
     echo
     echo "The esc rows above use two settings of examples/configs/flickr8k.toml that depart from the"
     echo "paper (and the preset): a GMM instead of the BMM for the division, and clean pairs only after"
-    echo "warm-up (the paper trains every pair, the noisy set with its soft labels, in the second half of"
-    echo "the schedule; here: 2 warm-up, 2 clean-only, 2 all-pairs epochs). These rows put the paper's"
-    echo "choices back (same script, same run):"
+    echo "warm-up (2 warm-up + 4 clean-only epochs). The paper trains every pair in the second half of the"
+    echo "schedule, the noisy set with its soft labels; the paper-phases rows do that (2 warm-up, 2"
+    echo "clean-only, 2 all-pairs epochs). These rows put the paper's choices back (same script, same run):"
     echo
     echo "| run | noise | AUROC | AP | F1 | test rSum | R@1 i→t / t→i | fit s | score pairs/s | peak MB |"
     echo "|---|---|---|---|---|---|---|---|---|---|"
