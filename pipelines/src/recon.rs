@@ -50,7 +50,6 @@ use crate::net::Net;
 use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
 use crate::scoring::{pair_similarity, score_rng};
 
-const SCORE_CHUNK: usize = 512;
 /// Added to masked logits so padded tokens never win an argmax or a softmax.
 const MASK_OFFSET: f64 = 1e4;
 /// Pseudo-label value of a pair with no momentum history.
@@ -244,6 +243,9 @@ struct Stats {
     l_cm: Vec<f32>,
     l_im: Vec<f32>,
     p: Vec<f32>,
+    /// `S_ii`, from the same pass (a second pass over the local features
+    /// would double the cost of scoring).
+    similarity: Vec<f32>,
 }
 
 /// `(image embeddings [B, D], caption embeddings [B, D], L_IM [B])` of the
@@ -341,6 +343,7 @@ impl Recon {
             l_im.extend(im.detach().to_vec1::<f32>()?);
         }
         let (vi, vt) = (Tensor::cat(&vis, 0)?, Tensor::cat(&vts, 0)?);
+        let similarity = pair_similarity(&vi, &vt)?;
         let shuffles = self.cfg.division_shuffles.max(1);
         let (mut l_cm, mut p) = (vec![0f32; n], vec![0f32; n]);
         for _ in 0..shuffles {
@@ -361,7 +364,12 @@ impl Recon {
                 }
             }
         }
-        Ok(Stats { l_cm, l_im, p })
+        Ok(Stats {
+            l_cm,
+            l_im,
+            p,
+            similarity,
+        })
     }
 
     fn fit_division(&self, l_cm: &[f32]) -> Division {
@@ -505,14 +513,12 @@ impl Pipeline for Recon {
                 }
             })
             .collect();
-        let (vi, vt) = self.net.embed_all(data, SCORE_CHUNK)?;
-        let similarity = pair_similarity(&vi, &vt)?;
         obs.advance(1);
         obs.finish();
         Ok(PairScores {
             clean_prob,
             soft_label,
-            similarity,
+            similarity: st.similarity,
             statistic: st.l_cm,
         })
     }
