@@ -28,6 +28,19 @@ fn shared() -> Option<PathBuf> {
     ok.then_some(p)
 }
 
+fn minilm() -> Option<PathBuf> {
+    let dir = ncclean_models::hf_dir::default_minilm_dir();
+    if dir.is_none() {
+        eprintln!("skipped: MiniLM not found (run bash scripts/fetch_minilm.sh)");
+    }
+    dir
+}
+
+/// A path as a command-line argument.
+fn p(x: &Path) -> String {
+    x.to_str().unwrap().to_string()
+}
+
 fn run(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_ncclean"))
         .args(args)
@@ -95,7 +108,6 @@ fn mobilenet_features_are_cached_and_reused_by_score() {
     let weights = shared.join("models/mobilenet_v2/model.safetensors");
     let cache = tmp.path().join("cache");
     let run_dir = tmp.path().join("run");
-    let p = |x: &Path| x.to_str().unwrap().to_string();
     let log = run(&[
         "fit",
         &p(&data),
@@ -161,16 +173,13 @@ fn mobilenet_features_are_cached_and_reused_by_score() {
 
 #[test]
 fn minilm_text_tower_trains_a_head() {
-    let Some(shared) = shared() else { return };
-    let Some(minilm) = ncclean_models::hf_dir::default_minilm_dir() else {
-        eprintln!("skipped: MiniLM not found (run bash scripts/fetch_minilm.sh)");
+    let (Some(shared), Some(minilm)) = (shared(), minilm()) else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
     let data = small_flickr(&shared, tmp.path());
     let weights = shared.join("models/mobilenet_v2/model.safetensors");
     let run_dir = tmp.path().join("run");
-    let p = |x: &Path| x.to_str().unwrap().to_string();
     let log = run(&[
         "fit",
         &p(&data),
@@ -222,16 +231,13 @@ fn minilm_text_tower_trains_a_head() {
 
 #[test]
 fn recon_and_the_gpo_head_train_on_cached_local_features() {
-    let Some(shared) = shared() else { return };
-    let Some(minilm) = ncclean_models::hf_dir::default_minilm_dir() else {
-        eprintln!("skipped: MiniLM not found (run bash scripts/fetch_minilm.sh)");
+    let (Some(shared), Some(minilm)) = (shared(), minilm()) else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
     let data = small_flickr(&shared, tmp.path());
     let weights = shared.join("models/mobilenet_v2/model.safetensors");
     let cache = tmp.path().join("cache");
-    let p = |x: &Path| x.to_str().unwrap().to_string();
     let towers = [
         "--image-encoder".to_string(),
         "mobilenet_v2".into(),

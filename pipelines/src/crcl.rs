@@ -64,7 +64,7 @@ use crate::division::{CleanSide, Division};
 use crate::losses::diagonal;
 use crate::net::Net;
 use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
-use crate::scoring::{pair_similarity, score_rng};
+use crate::scoring::{pair_similarity, score_rng, shuffled_statistic};
 
 const SCORE_CHUNK: usize = 512;
 
@@ -243,27 +243,7 @@ pub fn match_prob_statistic(
     tau: f64,
     rng: &mut Rng,
 ) -> Result<Vec<f32>> {
-    let n = vi.dim(0)?;
-    let all: Vec<usize> = (0..n).collect();
-    let shuffles = shuffles.max(1);
-    let mut acc = vec![0f32; n];
-    for _ in 0..shuffles {
-        for b in shuffled_batches(&all, batch, rng) {
-            let ids = Tensor::from_vec(
-                b.iter().map(|&i| i as u32).collect::<Vec<_>>(),
-                b.len(),
-                vi.device(),
-            )?;
-            let s = vi
-                .index_select(&ids, 0)?
-                .matmul(&vt.index_select(&ids, 0)?.t()?)?;
-            let p: Vec<f32> = match_prob(&s, tau)?.to_vec1()?;
-            for (&i, v) in b.iter().zip(p) {
-                acc[i] += v;
-            }
-        }
-    }
-    Ok(acc.into_iter().map(|v| v / shuffles as f32).collect())
+    shuffled_statistic(vi, vt, batch, shuffles, rng, |s| match_prob(s, tau))
 }
 
 /// The CRCL pipeline.
@@ -762,20 +742,7 @@ mod tests {
     }
 
     fn tiny_model() -> ModelConfig {
-        use ncclean_models::{ImageTowerConfig, TextTowerConfig};
-        ModelConfig {
-            image: ImageTowerConfig::Precomputed {
-                dim: 6,
-                local_dim: None,
-            },
-            text: TextTowerConfig::Precomputed {
-                dim: 6,
-                local_dim: None,
-            },
-            joint_dim: 8,
-            hidden: 16,
-            head: Default::default(),
-        }
+        crate::test_support::precomputed_model(6, 8, 16)
     }
 
     fn tiny_config(epochs: i64, pieces: &[i64]) -> TrainConfig {

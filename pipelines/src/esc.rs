@@ -90,7 +90,7 @@ use crate::division::{CleanSide, Division};
 use crate::losses::{per_sample_hinge, soft_margin_hinge};
 use crate::net::Net;
 use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
-use crate::scoring::{pair_similarity, score_rng};
+use crate::scoring::{for_each_shuffled_batch, pair_similarity, score_rng};
 
 const SCORE_CHUNK: usize = 512;
 /// Cosines at or below this carry no usable ratio (see the departures).
@@ -425,7 +425,6 @@ impl Esc {
     fn net_stats(&self, k: usize, data: &PairInputs, rng: &mut Rng) -> Result<NetStats> {
         let (vi, vt) = self.nets[k].embed_all(data, SCORE_CHUNK)?;
         let n = vi.dim(0)?;
-        let all: Vec<usize> = (0..n).collect();
         let shuffles = self.cfg.division_shuffles.max(1);
         let mut st = NetStats {
             l_div: vec![0.0; n],
@@ -433,33 +432,29 @@ impl Esc {
             raw_label: vec![0.0; n],
             similarity: pair_similarity(&vi, &vt)?,
         };
-        for _ in 0..shuffles {
-            for b in shuffled_batches(&all, self.cfg.batch_size, rng) {
-                let ids = Tensor::from_vec(
-                    b.iter().map(|&i| i as u32).collect::<Vec<_>>(),
-                    b.len(),
-                    vi.device(),
-                )?;
-                let bi = vi.index_select(&ids, 0)?;
-                let bt = vt.index_select(&ids, 0)?;
-                let s = bi.matmul(&bt.t()?)?;
-                let div = division_loss(&s, self.cfg.margin, self.params.beta, self.params.alpha1)?;
-                // BiCro compares pairs by their pooled tower features, not
-                // by the joint space the noisy pairs are shaping.
-                let (pi, pt) = self.nets[k].batch_pooled(data, &b)?;
-                let cv: Vec<Vec<f32>> = pi.matmul(&pi.t()?)?.to_vec2()?;
-                let ct: Vec<Vec<f32>> = pt.matmul(&pt.t()?)?.to_vec2()?;
-                let raw =
-                    bicro_raw_labels(&div.hinge, &cv, &ct, self.params.bicro_anchors(b.len()));
-                for (j, &i) in b.iter().enumerate() {
-                    st.l_div[i] += div.l_div[j];
-                    st.raw_label[i] += raw[j];
-                }
-                if let Some(a) = div.anchor {
-                    st.anchor[b[a]] = true;
-                }
+        for_each_shuffled_batch(&vi, &vt, self.cfg.batch_size, shuffles, rng, |batch| {
+            let b = batch.idx;
+            let div = division_loss(
+                &batch.s,
+                self.cfg.margin,
+                self.params.beta,
+                self.params.alpha1,
+            )?;
+            // BiCro compares pairs by their pooled tower features, not by
+            // the joint space the noisy pairs are shaping.
+            let (pi, pt) = self.nets[k].batch_pooled(data, b)?;
+            let cv: Vec<Vec<f32>> = pi.matmul(&pi.t()?)?.to_vec2()?;
+            let ct: Vec<Vec<f32>> = pt.matmul(&pt.t()?)?.to_vec2()?;
+            let raw = bicro_raw_labels(&div.hinge, &cv, &ct, self.params.bicro_anchors(b.len()));
+            for (j, &i) in b.iter().enumerate() {
+                st.l_div[i] += div.l_div[j];
+                st.raw_label[i] += raw[j];
             }
-        }
+            if let Some(a) = div.anchor {
+                st.anchor[b[a]] = true;
+            }
+            Ok(())
+        })?;
         let inv = 1.0 / shuffles as f32;
         st.l_div.iter_mut().for_each(|v| *v *= inv);
         st.raw_label.iter_mut().for_each(|v| *v *= inv);
@@ -717,7 +712,7 @@ impl Pipeline for Esc {
 mod tests {
     use super::*;
     use candle_core::Var;
-    use ncclean_models::{ImageInputs, ImageTowerConfig, TextInputs, TextTowerConfig};
+    use ncclean_models::{ImageInputs, TextInputs};
 
     // S (image i, caption j):
     //   [[0.9, 0.5, 0.1, 0.3],
@@ -883,19 +878,7 @@ mod tests {
     }
 
     fn tiny() -> (ModelConfig, PairInputs) {
-        let cfg = ModelConfig {
-            image: ImageTowerConfig::Precomputed {
-                dim: 3,
-                local_dim: None,
-            },
-            text: TextTowerConfig::Precomputed {
-                dim: 3,
-                local_dim: None,
-            },
-            joint_dim: 4,
-            hidden: 8,
-            head: Default::default(),
-        };
+        let cfg = crate::test_support::precomputed_model(3, 4, 8);
         let data = PairInputs {
             images: ImageInputs::Embeddings {
                 data: vec![1., 0., 0., 0., 1., 0., 0., 0., 1., 1., 1., 0.],

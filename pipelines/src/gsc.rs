@@ -83,7 +83,7 @@ use crate::division::{CleanSide, Division};
 use crate::losses::diagonal;
 use crate::net::Net;
 use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
-use crate::scoring::pair_similarity;
+use crate::scoring::{for_each_shuffled_batch, pair_similarity};
 
 /// Pairs embedded per chunk when scoring without gradients.
 const SCORE_CHUNK: usize = 512;
@@ -371,31 +371,21 @@ impl Gsc {
         let n = vi.dim(0)?;
         let shuffles = self.cfg.division_shuffles.max(1);
         let mut rng = Rng::derive(self.seed, &format!("score-gsc-net{k}"));
-        let all: Vec<usize> = (0..n).collect();
         let mut s_im = vec![0f32; n];
         let mut y_cm = vec![0f32; n];
-        for _ in 0..shuffles {
-            for b in shuffled_batches(&all, self.cfg.batch_size, &mut rng) {
-                let ids = Tensor::from_vec(
-                    b.iter().map(|&i| i as u32).collect::<Vec<_>>(),
-                    b.len(),
-                    vi.device(),
-                )?;
-                let bi = vi.index_select(&ids, 0)?;
-                let bt = vt.index_select(&ids, 0)?;
-                let s = bi.matmul(&bt.t()?)?;
-                let gv = bi.matmul(&bi.t()?)?;
-                let gt = bt.matmul(&bt.t()?)?;
-                // No label history for scored data: the initial labels, 1.
-                let ones = Tensor::ones(b.len(), DType::F32, vi.device())?;
-                let sim: Vec<f32> = intra_modal_consistency(&gv, &gt, &ones)?.to_vec1()?;
-                let cm: Vec<f32> = cross_modal_indicator(&s, self.params.tau1)?.to_vec1()?;
-                for (j, &i) in b.iter().enumerate() {
-                    s_im[i] += sim[j];
-                    y_cm[i] += cm[j];
-                }
+        for_each_shuffled_batch(&vi, &vt, self.cfg.batch_size, shuffles, &mut rng, |b| {
+            let gv = b.images.matmul(&b.images.t()?)?;
+            let gt = b.texts.matmul(&b.texts.t()?)?;
+            // No label history for scored data: the initial labels, 1.
+            let ones = Tensor::ones(b.idx.len(), DType::F32, vi.device())?;
+            let sim: Vec<f32> = intra_modal_consistency(&gv, &gt, &ones)?.to_vec1()?;
+            let cm: Vec<f32> = cross_modal_indicator(&b.s, self.params.tau1)?.to_vec1()?;
+            for (j, &i) in b.idx.iter().enumerate() {
+                s_im[i] += sim[j];
+                y_cm[i] += cm[j];
             }
-        }
+            Ok(())
+        })?;
         let avg = |v: Vec<f32>| {
             v.into_iter()
                 .map(|x| x / shuffles as f32)
@@ -616,7 +606,7 @@ impl Pipeline for Gsc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ncclean_models::{ImageInputs, ImageTowerConfig, TextInputs, TextTowerConfig};
+    use ncclean_models::{ImageInputs, TextInputs};
 
     fn dev() -> Device {
         Device::Cpu
@@ -744,19 +734,7 @@ mod tests {
     }
 
     fn tiny_model() -> ModelConfig {
-        ModelConfig {
-            image: ImageTowerConfig::Precomputed {
-                dim: 4,
-                local_dim: None,
-            },
-            text: TextTowerConfig::Precomputed {
-                dim: 4,
-                local_dim: None,
-            },
-            joint_dim: 4,
-            hidden: 8,
-            head: Default::default(),
-        }
+        crate::test_support::precomputed_model(4, 4, 8)
     }
 
     /// Twelve pairs whose caption features copy the image features except for

@@ -15,6 +15,8 @@ pub mod net;
 pub mod pipeline;
 pub mod recon;
 pub mod scoring;
+#[cfg(test)]
+mod test_support;
 pub mod vanilla;
 
 use candle_core::{Device, Result};

@@ -143,24 +143,12 @@ impl Net {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ncclean_models::{ImageInputs, ImageTowerConfig, TextInputs, TextTowerConfig};
+    use ncclean_models::{ImageInputs, TextInputs};
 
     #[test]
     fn clipping_bounds_the_update_and_training_lowers_the_loss() -> Result<()> {
         let dev = Device::Cpu;
-        let cfg = ModelConfig {
-            image: ImageTowerConfig::Precomputed {
-                dim: 3,
-                local_dim: None,
-            },
-            text: TextTowerConfig::Precomputed {
-                dim: 3,
-                local_dim: None,
-            },
-            joint_dim: 4,
-            hidden: 8,
-            head: Default::default(),
-        };
+        let cfg = crate::test_support::precomputed_model(3, 4, 8);
         let data = PairInputs {
             images: ImageInputs::Embeddings {
                 data: vec![1., 0., 0., 0., 1., 0., 0., 0., 1.],

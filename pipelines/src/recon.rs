@@ -48,7 +48,7 @@ use crate::division::{CleanSide, Division};
 use crate::losses::{diagonal, per_sample_hinge};
 use crate::net::Net;
 use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
-use crate::scoring::{pair_similarity, score_rng};
+use crate::scoring::{for_each_shuffled_batch, pair_similarity, score_rng};
 
 /// Added to masked logits so padded tokens never win an argmax or a softmax.
 const MASK_OFFSET: f64 = 1e4;
@@ -346,24 +346,15 @@ impl Recon {
         let similarity = pair_similarity(&vi, &vt)?;
         let shuffles = self.cfg.division_shuffles.max(1);
         let (mut l_cm, mut p) = (vec![0f32; n], vec![0f32; n]);
-        for _ in 0..shuffles {
-            for b in shuffled_batches(&all, self.cfg.batch_size, rng) {
-                let ids = Tensor::from_vec(
-                    b.iter().map(|&i| i as u32).collect::<Vec<_>>(),
-                    b.len(),
-                    vi.device(),
-                )?;
-                let s = vi
-                    .index_select(&ids, 0)?
-                    .matmul(&vt.index_select(&ids, 0)?.t()?)?;
-                let cm: Vec<f32> = infonce_per_pair(&s, self.params.tau)?.to_vec1()?;
-                let pb: Vec<f32> = matching_probability(&s, self.params.tau)?.to_vec1()?;
-                for (j, &i) in b.iter().enumerate() {
-                    l_cm[i] += cm[j] / shuffles as f32;
-                    p[i] += pb[j] / shuffles as f32;
-                }
+        for_each_shuffled_batch(&vi, &vt, self.cfg.batch_size, shuffles, rng, |b| {
+            let cm: Vec<f32> = infonce_per_pair(&b.s, self.params.tau)?.to_vec1()?;
+            let pb: Vec<f32> = matching_probability(&b.s, self.params.tau)?.to_vec1()?;
+            for (j, &i) in b.idx.iter().enumerate() {
+                l_cm[i] += cm[j] / shuffles as f32;
+                p[i] += pb[j] / shuffles as f32;
             }
-        }
+            Ok(())
+        })?;
         Ok(Stats {
             l_cm,
             l_im,

@@ -18,6 +18,74 @@ pub fn pair_similarity(vi: &Tensor, vt: &Tensor) -> Result<Vec<f32>> {
     (vi * vt)?.sum(1)?.to_vec1()
 }
 
+/// One batch of a shuffled batching over full-dataset embeddings.
+pub struct ShuffledBatch<'a> {
+    /// The pairs of the batch, in batch order.
+    pub idx: &'a [usize],
+    /// Their image embeddings `[B, D]`.
+    pub images: Tensor,
+    /// Their caption embeddings `[B, D]`.
+    pub texts: Tensor,
+    /// The batch similarity matrix `S[i, j]` = image i against caption j.
+    pub s: Tensor,
+}
+
+/// Calls `f` on every batch of `shuffles` independent shuffled batchings of
+/// all pairs (drawn from `rng`), sliced from the full-dataset embeddings
+/// `vi`, `vt`. Statistics that depend on the other pairs of a batch (hinge,
+/// InfoNCE, `p_i`, in-batch structure) are computed this way.
+pub fn for_each_shuffled_batch(
+    vi: &Tensor,
+    vt: &Tensor,
+    batch: usize,
+    shuffles: usize,
+    rng: &mut Rng,
+    mut f: impl FnMut(&ShuffledBatch) -> Result<()>,
+) -> Result<()> {
+    let all: Vec<usize> = (0..vi.dim(0)?).collect();
+    for _ in 0..shuffles.max(1) {
+        for b in shuffled_batches(&all, batch, rng) {
+            let ids = Tensor::from_vec(
+                b.iter().map(|&i| i as u32).collect::<Vec<_>>(),
+                b.len(),
+                vi.device(),
+            )?;
+            let images = vi.index_select(&ids, 0)?;
+            let texts = vt.index_select(&ids, 0)?;
+            let s = images.matmul(&texts.t()?)?;
+            f(&ShuffledBatch {
+                idx: &b,
+                images,
+                texts,
+                s,
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// A per-pair statistic of the batch similarity matrix (`stat(S)` → `[B]`),
+/// computed in shuffled batches ([`for_each_shuffled_batch`]) and averaged
+/// over the shuffles.
+pub fn shuffled_statistic(
+    vi: &Tensor,
+    vt: &Tensor,
+    batch: usize,
+    shuffles: usize,
+    rng: &mut Rng,
+    stat: impl Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Vec<f32>> {
+    let mut acc = vec![0f32; vi.dim(0)?];
+    for_each_shuffled_batch(vi, vt, batch, shuffles, rng, |b| {
+        for (&i, v) in b.idx.iter().zip(stat(&b.s)?.to_vec1::<f32>()?) {
+            acc[i] += v;
+        }
+        Ok(())
+    })?;
+    let shuffles = shuffles.max(1) as f32;
+    Ok(acc.into_iter().map(|v| v / shuffles).collect())
+}
+
 /// The NCR per-sample hinge of every pair, computed in shuffled batches of
 /// `batch` (it depends on the other pairs in the batch) and averaged over
 /// `shuffles` independent shuffles drawn from `rng`.
@@ -29,27 +97,9 @@ pub fn hinge_statistic(
     margin: f64,
     rng: &mut Rng,
 ) -> Result<Vec<f32>> {
-    let n = vi.dim(0)?;
-    let all: Vec<usize> = (0..n).collect();
-    let mut acc = vec![0f32; n];
-    let shuffles = shuffles.max(1);
-    for _ in 0..shuffles {
-        for b in shuffled_batches(&all, batch, rng) {
-            let ids = Tensor::from_vec(
-                b.iter().map(|&i| i as u32).collect::<Vec<_>>(),
-                b.len(),
-                vi.device(),
-            )?;
-            let s = vi
-                .index_select(&ids, 0)?
-                .matmul(&vt.index_select(&ids, 0)?.t()?)?;
-            let l: Vec<f32> = per_sample_hinge(&s, margin)?.to_vec1()?;
-            for (&i, v) in b.iter().zip(l) {
-                acc[i] += v;
-            }
-        }
-    }
-    Ok(acc.into_iter().map(|v| v / shuffles as f32).collect())
+    shuffled_statistic(vi, vt, batch, shuffles, rng, |s| {
+        per_sample_hinge(s, margin)
+    })
 }
 
 #[cfg(test)]
