@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use ncclean_models::{LocalOptions, ModelConfig, Pooling};
 
 use crate::division::MixtureKind;
+use crate::registry;
 
 /// Settings shared by every pipeline. Fields a method does not use are ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -73,31 +74,12 @@ impl TrainConfig {
     }
 }
 
-/// The preset TOML of a method, as shipped.
-pub fn preset_text(method: &str) -> Option<&'static str> {
-    match method {
-        "vanilla" => Some(include_str!("../presets/vanilla.toml")),
-        "esc" => Some(include_str!("../presets/esc.toml")),
-        "gsc" => Some(include_str!("../presets/gsc.toml")),
-        "crcl" => Some(include_str!("../presets/crcl.toml")),
-        "recon" => Some(include_str!("../presets/recon.toml")),
-        _ => None,
-    }
-}
-
-/// Methods that can be run.
-pub const METHODS: &[&str] = &["vanilla", "esc", "gsc", "crcl", "recon"];
-
-/// Methods whose losses read local features (ReCon's relation matrices), so
-/// their model needs local heads whatever the pooling.
-pub fn needs_local(method: &str) -> bool {
-    method == "recon"
-}
-
 /// The matching head `method` gets under `cfg`: the one place that decides
-/// whether local features are loaded and local heads built.
+/// whether local features are loaded and local heads built (the registry
+/// says which methods' losses need local features whatever the pooling).
 pub fn head_for(method: &str, cfg: &TrainConfig) -> LocalOptions {
-    LocalOptions::for_pooling(cfg.head, needs_local(method))
+    let needs_local = registry::find(method).is_ok_and(|m| m.needs_local_features);
+    LocalOptions::for_pooling(cfg.head, needs_local)
 }
 
 /// Resolve a configuration: the method's preset, then `user` TOML (a partial
@@ -107,12 +89,7 @@ pub fn resolve(
     user: Option<&str>,
     overrides: &toml::Table,
 ) -> Result<TrainConfig, String> {
-    let preset = preset_text(method).ok_or_else(|| {
-        format!(
-            "unknown method {method:?}; available: {}",
-            METHODS.join(", ")
-        )
-    })?;
+    let preset = registry::find(method).map_err(|e| e.to_string())?.preset;
     let mut table: toml::Table = preset
         .parse()
         .map_err(|e| format!("built-in preset for {method} is invalid: {e}"))?;
@@ -126,7 +103,7 @@ pub fn resolve(
             // Tables for other methods are not ours to apply.
             _ => t
                 .into_iter()
-                .filter(|(k, _)| !METHODS.contains(&k.as_str()))
+                .filter(|(k, _)| registry::find(k).is_err())
                 .collect(),
         };
         merge(&mut table, &t);

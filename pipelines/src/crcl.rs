@@ -52,21 +52,20 @@
 //! - The common `warmup_epochs`, `margin` and `soft_margin_m` keys are not
 //!   used: CRCL has no warm-up (the label freeze plays that role) and no hinge.
 
-use candle_core::{Device, Result, Tensor, D};
+use candle_core::{Tensor, D};
 use ncclean_models::layers::log_softmax_last;
 use ncclean_models::rng::Rng;
-use ncclean_models::{ModelConfig, PairInputs};
+use ncclean_models::ModelConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::batches::shuffled_batches;
 use crate::config::TrainConfig;
-use crate::division::{CleanSide, Division};
-use crate::losses::diagonal;
-use crate::net::Net;
-use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
-use crate::scoring::{pair_similarity, score_rng, shuffled_statistic};
-
-const SCORE_CHUNK: usize = 512;
+use crate::division::CleanSide;
+use crate::error::{Error, Result};
+use crate::losses::{diagonal, match_log_diagonals, match_prob};
+use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
+use crate::pipeline::PairScores;
+use crate::runner::{Streams, EMBED_CHUNK};
+use crate::scoring::{pair_similarity, shuffled_statistic, StatPass};
 
 /// Lower bound on `Σ_k tan(P_ik)` before its q-th power is taken. The sum is
 /// at least 1 in exact arithmetic (tan x ≥ x and the row sums to 1), so the
@@ -186,7 +185,7 @@ pub fn filter_label(y: f32, epsilon: f64) -> f32 {
 
 /// Row-wise log-softmax of `S/τ` (log P¹) and of `Sᵀ/τ` (row i of the latter
 /// is log P²_{·i}, the text→image distribution of caption i).
-fn log_probs(s: &Tensor, tau: f64) -> Result<(Tensor, Tensor)> {
+fn log_probs(s: &Tensor, tau: f64) -> candle_core::Result<(Tensor, Tensor)> {
     let z = (s / tau)?;
     Ok((
         log_softmax_last(&z)?,
@@ -194,17 +193,11 @@ fn log_probs(s: &Tensor, tau: f64) -> Result<(Tensor, Tensor)> {
     ))
 }
 
-/// `p_i = (P¹_ii + P²_ii)/2` of every pair in a batch.
-pub fn match_prob(s: &Tensor, tau: f64) -> Result<Tensor> {
-    let (l1, l2) = log_probs(s, tau)?;
-    (diagonal(&l1.exp()?)? + diagonal(&l2.exp()?)?)? * 0.5
-}
-
 /// One direction of the robust complementary loss on row-stochastic `p`:
 /// `(Σ_k tan p_ik − tan p_ii) / (Σ_k tan p_ik)^q_i`. The entries lie in
 /// [0, 1], where tan is finite (tan 1 ≈ 1.557); tan = sin/cos because candle
 /// has no tan op.
-fn complementary_one_way(p: &Tensor, q: &Tensor) -> Result<Tensor> {
+fn complementary_one_way(p: &Tensor, q: &Tensor) -> candle_core::Result<Tensor> {
     let t = (p.sin()? / p.cos()?)?;
     let total = t.sum(D::Minus1)?;
     let negatives = (&total - diagonal(&t)?)?;
@@ -214,20 +207,20 @@ fn complementary_one_way(p: &Tensor, q: &Tensor) -> Result<Tensor> {
 }
 
 /// Per-pair active loss `L_d(i) = −ŷ_i (log P¹_ii + log P²_ii)`.
-pub fn active_loss(s: &Tensor, labels: &Tensor, tau: f64) -> Result<Tensor> {
-    let (l1, l2) = log_probs(s, tau)?;
-    ((diagonal(&l1)? + diagonal(&l2)?)? * labels)?.neg()
+pub fn active_loss(s: &Tensor, labels: &Tensor, tau: f64) -> candle_core::Result<Tensor> {
+    let (a, b) = match_log_diagonals(s, tau)?;
+    ((a + b)? * labels)?.neg()
 }
 
 /// Per-pair robust complementary loss `L_r(i, q_i)` for per-pair `q`.
-pub fn complementary_loss(s: &Tensor, q: &Tensor, tau: f64) -> Result<Tensor> {
+pub fn complementary_loss(s: &Tensor, q: &Tensor, tau: f64) -> candle_core::Result<Tensor> {
     let (l1, l2) = log_probs(s, tau)?;
     complementary_one_way(&l1.exp()?, q)? + complementary_one_way(&l2.exp()?, q)?
 }
 
 /// Per-pair active complementary loss `L_d(i) + λ L_r(i, 1 − ŷ_i)`; the
 /// training loss is its mean.
-pub fn acl_loss(s: &Tensor, labels: &Tensor, tau: f64, lambda: f64) -> Result<Tensor> {
+pub fn acl_loss(s: &Tensor, labels: &Tensor, tau: f64, lambda: f64) -> candle_core::Result<Tensor> {
     let q = labels.affine(-1.0, 1.0)?;
     active_loss(s, labels, tau)? + (complementary_loss(s, &q, tau)? * lambda)?
 }
@@ -242,237 +235,171 @@ pub fn match_prob_statistic(
     shuffles: usize,
     tau: f64,
     rng: &mut Rng,
-) -> Result<Vec<f32>> {
+) -> candle_core::Result<Vec<f32>> {
     shuffled_statistic(vi, vt, batch, shuffles, rng, |s| match_prob(s, tau))
 }
 
-/// The CRCL pipeline.
+/// The CRCL method: its parameters, the momentum labels and the label rule
+/// of the current epoch.
 pub struct Crcl {
-    cfg: TrainConfig,
     params: CrclParams,
-    model: ModelConfig,
-    seed: u64,
-    device: Device,
-    net: Net,
-    /// Piece the current network was initialised for.
-    net_piece: usize,
-    division: Option<Division>,
     /// Momentum labels y (before the confident-noise filter), one per pair.
     labels: Vec<f32>,
-}
-
-/// Build the CRCL pipeline.
-pub fn build(
-    cfg: TrainConfig,
-    model: &ModelConfig,
-    seed: u64,
-    device: &Device,
-) -> Result<Box<dyn Pipeline>> {
-    Ok(Box::new(Crcl::new(cfg, model, seed, device)?))
+    /// How this epoch's batches update the labels.
+    rule: LabelRule,
 }
 
 impl Crcl {
-    /// A fresh pipeline; fails on invalid `[params]` or when `epochs` does
-    /// not match the pieces.
-    pub fn new(cfg: TrainConfig, model: &ModelConfig, seed: u64, device: &Device) -> Result<Self> {
-        let params: CrclParams = cfg.method_params("crcl").map_err(candle_core::Error::Msg)?;
-        params
-            .validate()
-            .map_err(|e| candle_core::Error::Msg(format!("invalid [params] for crcl: {e}")))?;
-        let total: usize = params.piece_lengths().iter().sum();
-        if cfg.epochs != total {
-            candle_core::bail!(
-                "crcl: epochs = {} but the self-refining pieces {:?} plus {} freeze epoch(s) each make {total}; \
-                 set epochs to {total} or change params.pieces / params.freeze_epochs",
-                cfg.epochs,
-                params.pieces,
-                params.freeze_epochs
-            );
-        }
-        let net = Net::new(model, piece_seed(seed, 0), device, cfg.lr, cfg.grad_clip)?;
-        Ok(Crcl {
-            cfg,
-            params,
-            model: model.clone(),
-            seed,
-            device: device.clone(),
-            net,
-            net_piece: 0,
-            division: None,
-            labels: Vec::new(),
-        })
-    }
-
-    /// Learning rate at epoch `t` of piece `piece`: constant except in the
-    /// last piece, which decays at `lr_decay_epochs` (counted within it).
-    fn lr_at(&self, piece: usize, t: usize) -> f64 {
-        if piece + 1 < self.params.pieces.len() {
-            return self.cfg.lr;
-        }
-        self.cfg.lr_at(t)
-    }
-
-    /// Make the network the one of `piece`. Self-refining: a new piece
-    /// trains from scratch (fresh weights and optimiser state) so that what
-    /// the previous network memorised of the noise does not carry over; only
-    /// the labels do.
-    fn enter_piece(&mut self, piece: usize) -> Result<()> {
-        if piece != self.net_piece {
-            self.net = Net::new(
-                &self.model,
-                piece_seed(self.seed, piece),
-                &self.device,
-                self.cfg.lr,
-                self.cfg.grad_clip,
-            )?;
-            self.net_piece = piece;
-        }
-        Ok(())
-    }
-
-    /// The division statistic `p_i` of every pair and the similarity `S_ii`.
-    fn statistic(&self, data: &PairInputs) -> Result<(Vec<f32>, Vec<f32>)> {
-        let (vi, vt) = self.net.embed_all(data, SCORE_CHUNK)?;
-        let stat = match_prob_statistic(
-            &vi,
-            &vt,
-            self.cfg.batch_size,
-            self.cfg.division_shuffles,
-            self.params.tau,
-            &mut score_rng(self.seed),
-        )?;
-        Ok((stat, pair_similarity(&vi, &vt)?))
+    /// The momentum labels y of the training pairs.
+    pub fn labels(&self) -> &[f32] {
+        &self.labels
     }
 }
 
 /// Initialisation seed of the network of piece `piece`.
-fn piece_seed(seed: u64, piece: usize) -> u64 {
-    Rng::derive(seed, &format!("piece-{piece}")).next_u64()
+fn piece_seed(streams: &Streams, piece: usize) -> u64 {
+    streams.named(&format!("piece-{piece}")).next_u64()
 }
 
-impl Pipeline for Crcl {
-    fn method(&self) -> &'static str {
-        "crcl"
+impl Method for Crcl {
+    const NAME: &'static str = "crcl";
+    type Pass = StatPass;
+
+    /// Fails on invalid `[params]` or when `epochs` does not match the pieces.
+    fn new(cfg: &TrainConfig, _model: &ModelConfig) -> Result<Self> {
+        let params: CrclParams = cfg.method_params("crcl").map_err(Error::Config)?;
+        params
+            .validate()
+            .map_err(|e| Error::Config(format!("invalid [params] for crcl: {e}")))?;
+        let total: usize = params.piece_lengths().iter().sum();
+        if cfg.epochs != total {
+            return Err(Error::Config(format!(
+                "crcl: epochs = {} but the self-refining pieces {:?} plus {} freeze epoch(s) each make {total}; \
+                 set epochs to {total} or change params.pieces / params.freeze_epochs",
+                cfg.epochs, params.pieces, params.freeze_epochs
+            )));
+        }
+        Ok(Crcl {
+            params,
+            labels: Vec::new(),
+            rule: LabelRule::Frozen,
+        })
     }
 
-    fn total_epochs(&self) -> usize {
+    fn total_epochs(&self, _cfg: &TrainConfig) -> usize {
         self.params.piece_lengths().iter().sum()
     }
 
-    fn nets(&self) -> Vec<&Net> {
-        vec![&self.net]
+    /// Constant in every piece but the last, which decays at
+    /// `lr_decay_epochs` (counted within it).
+    fn lr_at(&self, cfg: &TrainConfig, epoch: usize) -> f64 {
+        let (piece, t) = piece_of(&self.params.piece_lengths(), epoch);
+        if piece + 1 < self.params.pieces.len() {
+            cfg.lr
+        } else {
+            cfg.lr_at(t)
+        }
     }
 
-    fn nets_mut(&mut self) -> Vec<&mut Net> {
-        vec![&mut self.net]
+    /// Self-refining: a new piece trains from scratch (fresh weights and
+    /// optimiser state) so that what the previous network memorised of the
+    /// noise does not carry over; only the labels do.
+    fn init_seed(&self, streams: &Streams, _k: usize, epoch: usize) -> u64 {
+        piece_seed(streams, piece_of(&self.params.piece_lengths(), epoch).0)
     }
 
-    fn run_epoch(
-        &mut self,
-        epoch: usize,
-        data: &PairInputs,
-        obs: &mut dyn Observer,
-    ) -> Result<EpochStats> {
-        let n = data.len();
+    fn has_warmup(&self) -> bool {
+        false
+    }
+
+    fn plan(&mut self, ctx: &mut EpochCtx) -> Result<Plan> {
+        let n = ctx.data.len();
         if self.labels.len() != n {
             // All pairs are assumed matched at the start (paper, section 2.3).
             self.labels = vec![1.0; n];
         }
-        let (piece, t) = piece_of(&self.params.piece_lengths(), epoch);
-        self.enter_piece(piece)?;
-        self.net.set_lr(self.lr_at(piece, t));
-        let rule = LabelRule::at(piece, t, self.params.freeze_epochs, self.params.beta);
-        let (tau, lambda, eps) = (self.params.tau, self.params.lambda, self.params.epsilon);
-
-        let mut rng = Rng::derive(self.seed, &format!("epoch-{epoch}"));
-        let all: Vec<usize> = (0..n).collect();
-        let batches = shuffled_batches(&all, self.cfg.batch_size, &mut rng);
-        let phase = if rule == LabelRule::Frozen {
+        let (piece, t) = piece_of(&self.params.piece_lengths(), ctx.epoch);
+        self.rule = LabelRule::at(piece, t, self.params.freeze_epochs, self.params.beta);
+        let phase = if self.rule == LabelRule::Frozen {
             "freeze"
         } else {
             "train"
         };
-        obs.start(phase, batches.len() as u64);
-        let mut total = 0f64;
-        for b in &batches {
-            let s = self.net.batch_similarity(data, b)?;
-            // Labels are corrected from the batch's own predictions before the
-            // loss (Algorithm 1); the prediction is a target, not trained.
-            if rule != LabelRule::Frozen {
-                let p: Vec<f32> = match_prob(&s.detach(), tau)?.to_vec1()?;
-                for (&i, pi) in b.iter().zip(p) {
-                    self.labels[i] = rule.apply(self.labels[i], pi);
-                }
+        let phase = format!("piece {}/{} {phase}", piece + 1, self.params.pieces.len());
+        Ok(Plan::all(n, 1, &phase))
+    }
+
+    fn batch_loss(&mut self, b: &Batch) -> Result<Tensor> {
+        let (tau, lambda, eps) = (self.params.tau, self.params.lambda, self.params.epsilon);
+        let s = b.net.batch_similarity(b.data, b.idx)?;
+        // Labels are corrected from the batch's own predictions before the
+        // loss (Algorithm 1); the prediction is a target, not trained.
+        if self.rule != LabelRule::Frozen {
+            let p: Vec<f32> = match_prob(&s.detach(), tau)?.to_vec1()?;
+            for (&i, pi) in b.idx.iter().zip(p) {
+                self.labels[i] = self.rule.apply(self.labels[i], pi);
             }
-            let y: Vec<f32> = b
-                .iter()
-                .map(|&i| filter_label(self.labels[i], eps))
-                .collect();
-            let y = Tensor::from_vec(y, b.len(), self.net.device())?;
-            let loss = acl_loss(&s, &y, tau, lambda)?.mean_all()?;
-            total += f64::from(loss.to_scalar::<f32>()?);
-            self.net.step(&loss)?;
-            obs.advance(1);
         }
-        obs.finish();
-        // "Clean" here: pairs the correction does not treat as confident
-        // noise (ŷ > 0); during a freeze the labels did not move.
-        let clean_fraction = (rule != LabelRule::Frozen).then(|| {
+        let y: Vec<f32> = b
+            .idx
+            .iter()
+            .map(|&i| filter_label(self.labels[i], eps))
+            .collect();
+        let y = Tensor::from_vec(y, b.idx.len(), b.net.device())?;
+        Ok(acl_loss(&s, &y, tau, lambda)?.mean_all()?)
+    }
+
+    /// "Clean" here: pairs the correction does not treat as confident noise
+    /// (ŷ > 0); during a freeze the labels did not move.
+    fn finish_epoch(&mut self, _cfg: &TrainConfig, n: usize) -> Option<f64> {
+        let eps = self.params.epsilon;
+        (self.rule != LabelRule::Frozen).then(|| {
             self.labels.iter().filter(|&&y| f64::from(y) >= eps).count() as f64 / n.max(1) as f64
-        });
-        Ok(EpochStats {
-            epoch,
-            phase: format!("piece {}/{} {phase}", piece + 1, self.params.pieces.len()),
-            loss: total / batches.len().max(1) as f64,
-            clean_fraction,
-            pairs: n,
         })
     }
 
-    fn finalize(&mut self, data: &PairInputs, obs: &mut dyn Observer) -> Result<()> {
-        obs.start("final division", 1);
-        let (stat, _) = self.statistic(data)?;
-        self.division = Some(Division::fit(&stat, self.cfg.mixture, CleanSide::HighMean));
-        obs.advance(1);
-        obs.finish();
-        Ok(())
+    fn clean_side(&self) -> CleanSide {
+        CleanSide::HighMean
     }
 
-    fn score(&self, data: &PairInputs, refit: bool, obs: &mut dyn Observer) -> Result<PairScores> {
-        obs.start("scoring", 1);
-        let (stat, similarity) = self.statistic(data)?;
-        let refitted;
-        let div = if refit {
-            refitted = Division::fit(&stat, self.cfg.mixture, CleanSide::HighMean);
-            &refitted
-        } else {
-            self.division.as_ref().ok_or_else(|| {
-                candle_core::Error::Msg(
-                    "this pipeline has no fitted division; run fit first".into(),
-                )
-            })?
-        };
-        let clean_prob = div.clean_prob(&stat);
-        // No momentum history exists for scored data: the label rule is
-        // applied once, to the prediction itself.
-        let soft_label = stat
+    fn score_pass(&self, ctx: &ScoreCtx) -> Result<StatPass> {
+        let (vi, vt) = ctx.nets[0].embed_all(ctx.data, EMBED_CHUNK)?;
+        let statistic = match_prob_statistic(
+            &vi,
+            &vt,
+            ctx.cfg.batch_size,
+            ctx.cfg.division_shuffles,
+            self.params.tau,
+            &mut ctx.streams.score(),
+        )?;
+        Ok(StatPass {
+            statistic,
+            similarity: pair_similarity(&vi, &vt)?,
+        })
+    }
+
+    fn statistic(pass: &StatPass) -> &[f32] {
+        &pass.statistic
+    }
+
+    /// No momentum history exists for scored data: the label rule is applied
+    /// once, to the prediction itself.
+    fn scores(&self, pass: StatPass, clean_prob: Vec<f32>, _cfg: &TrainConfig) -> PairScores {
+        let soft_label = pass
+            .statistic
             .iter()
             .map(|&p| filter_label(p, self.params.epsilon))
             .collect();
-        obs.advance(1);
-        obs.finish();
-        Ok(PairScores {
+        PairScores {
             clean_prob,
             soft_label,
-            similarity,
-            statistic: stat,
-        })
+            similarity: pass.similarity,
+            statistic: pass.statistic,
+        }
     }
 
     fn state(&self) -> serde_json::Value {
         serde_json::json!({
-            "division": self.division,
-            "net_piece": self.net_piece,
             "division_statistic": "p_i = (P1_ii + P2_ii)/2 in shuffled batches, averaged over division_shuffles",
         })
     }
@@ -483,21 +410,11 @@ impl Pipeline for Crcl {
 
     fn load_state(
         &mut self,
-        state: &serde_json::Value,
-        pairs: Vec<(String, Vec<f32>)>,
+        _state: &serde_json::Value,
+        pairs: &[(String, Vec<f32>)],
     ) -> Result<()> {
-        self.division = serde_json::from_value(state["division"].clone()).map_err(|e| {
-            candle_core::Error::Msg(format!("checkpoint state has no valid division: {e}"))
-        })?;
-        // The weights loaded next belong to this piece's network; without it a
-        // later run_epoch in the same piece would wrongly re-initialise.
-        if let Some(p) = state.get("net_piece").and_then(serde_json::Value::as_u64) {
-            self.net_piece = p as usize;
-        }
-        for (name, v) in pairs {
-            if name == "labels" {
-                self.labels = v;
-            }
+        if let Some((_, v)) = pairs.iter().find(|(n, _)| n == "labels") {
+            self.labels = v.clone();
         }
         Ok(())
     }
@@ -506,7 +423,10 @@ impl Pipeline for Crcl {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::Net;
+    use candle_core::Device;
     use candle_core::Var;
+    use ncclean_models::PairInputs;
 
     fn close(a: &[f32], b: &[f32]) {
         assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
@@ -785,13 +705,14 @@ mod tests {
     #[test]
     fn epochs_must_match_the_pieces() {
         let cfg = tiny_config(5, &[1, 1]);
-        let e = Crcl::new(cfg, &tiny_model(), 0, &Device::Cpu)
+        let e = Crcl::new(&cfg, &tiny_model())
             .err()
             .expect("mismatch is an error");
+        assert!(matches!(e, Error::Config(_)), "{e}");
         assert!(e.to_string().contains("pieces"), "{e}");
         let mut bad = tiny_config(4, &[1, 1]);
         bad.params.insert("gamma".into(), toml::Value::Float(1.0));
-        assert!(Crcl::new(bad, &tiny_model(), 0, &Device::Cpu).is_err());
+        assert!(Crcl::new(&bad, &tiny_model()).is_err());
     }
 
     /// All parameters by name, in name order (`all_vars` has no fixed order).
@@ -807,40 +728,48 @@ mod tests {
 
     #[test]
     fn pieces_reinitialise_the_network_and_keep_the_labels() -> Result<()> {
+        use crate::pipeline::Pipeline;
+        use crate::runner::Runner;
         let n = 32;
         let data = tiny_data(n);
         let cfg = tiny_config(4, &[1, 1]);
-        let mut p = Crcl::new(cfg, &tiny_model(), 0, &Device::Cpu)?;
+        let mut p = Runner::<Crcl>::new(cfg.clone(), &tiny_model(), 0, &Device::Cpu)?;
         assert_eq!(p.total_epochs(), 4);
-        let snapshot = |p: &Crcl| named_weights(p.net.varmap());
+        let snapshot = |p: &Runner<Crcl>| named_weights(p.networks()[0].varmap());
         let mut obs = crate::pipeline::Silent;
         let s0 = p.run_epoch(0, &data, &mut obs)?;
         // Freeze epoch: labels stay at their initial 1.
         assert!(s0.phase.contains("freeze") && s0.clean_fraction.is_none());
-        assert!(p.labels.iter().all(|&y| y == 1.0));
+        assert!(p.method_ref().labels().iter().all(|&y| y == 1.0));
         p.run_epoch(1, &data, &mut obs)?;
         // First epoch after the first freeze: labels were reset to p.
-        assert!(p.labels.iter().any(|&y| y < 1.0));
-        let labels_after_piece0 = p.labels.clone();
+        assert!(p.method_ref().labels().iter().any(|&y| y < 1.0));
+        let labels_after_piece0 = p.method_ref().labels().to_vec();
         let trained = snapshot(&p)?;
-        // Entering piece 2 replaces the trained weights by a fresh
-        // initialisation from the piece's own seed.
-        p.enter_piece(1)?;
-        let fresh = Net::new(&tiny_model(), piece_seed(0, 1), &Device::Cpu, 1e-2, 2.0)?;
+        // Piece 2's freeze epoch starts from a fresh initialisation from the
+        // piece's own seed, trains it, and leaves the labels alone.
+        let fresh_seed = piece_seed(p.streams(), 1);
+        assert_ne!(piece_seed(p.streams(), 0), fresh_seed);
+        let fresh = Net::new(&tiny_model(), fresh_seed, &Device::Cpu, 1e-2, 2.0)?;
         let fresh_w = named_weights(fresh.varmap())?;
-        let entered = snapshot(&p)?;
-        assert_eq!(entered, fresh_w);
-        assert_ne!(entered, trained);
-        assert_ne!(piece_seed(0, 0), piece_seed(0, 1));
-        // Its freeze epoch trains the new network but leaves the labels alone.
+        assert_ne!(fresh_w, trained);
         p.run_epoch(2, &data, &mut obs)?;
-        assert_eq!(p.net_piece, 1);
-        assert_eq!(p.labels, labels_after_piece0);
-        assert_ne!(snapshot(&p)?, entered);
+        assert_eq!(p.method_ref().labels(), &labels_after_piece0[..]);
+        let after = snapshot(&p)?;
+        assert_ne!(after, trained);
+        assert_ne!(after, fresh_w);
+        // The same piece-2 epoch run from the fresh network by hand gives the
+        // same weights: the runner re-initialised it, not continued piece 1.
+        let method = Crcl::new(&cfg, &tiny_model())?;
+        assert_eq!(method.init_seed(p.streams(), 0, 2), fresh_seed);
+        assert_eq!(
+            method.init_seed(p.streams(), 0, 1),
+            piece_seed(p.streams(), 0)
+        );
         p.run_epoch(3, &data, &mut obs)?;
         // Last piece: epoch 1 within it decays the lr (lr_decay_epochs = [1]).
-        assert!((p.lr_at(1, 1) - 1e-3).abs() < 1e-12);
-        assert!((p.lr_at(0, 1) - 1e-2).abs() < 1e-12);
+        assert!((method.lr_at(&cfg, 3) - 1e-3).abs() < 1e-12);
+        assert!((method.lr_at(&cfg, 1) - 1e-2).abs() < 1e-12);
 
         p.finalize(&data, &mut obs)?;
         let a = p.score(&data, false, &mut obs)?;
@@ -855,8 +784,9 @@ mod tests {
             .iter()
             .all(|v| v.is_finite() && (0.0..=1.0).contains(v)));
 
-        // A rebuilt pipeline with the saved weights and state scores the same.
-        let mut q = Crcl::new(tiny_config(4, &[1, 1]), &tiny_model(), 0, &Device::Cpu)?;
+        // A rebuilt pipeline with the saved weights and state scores the same
+        // and does not re-initialise the last piece's network.
+        let mut q = Runner::<Crcl>::new(cfg, &tiny_model(), 0, &Device::Cpu)?;
         q.load_state(&p.state(), p.pair_state())?;
         for ((_, dst), (_, src)) in q.weights_mut().into_iter().zip(p.weights()) {
             let src_vars = src.data().lock().unwrap();
@@ -865,9 +795,9 @@ mod tests {
                 v.set(src_vars[k].as_tensor())?;
             }
         }
-        assert_eq!(q.net_piece, 1);
-        assert_eq!(q.labels, p.labels);
+        assert_eq!(q.method_ref().labels(), p.method_ref().labels());
         assert_eq!(q.score(&data, false, &mut obs)?, a);
+        assert_eq!(q.state()["net_seeds"], p.state()["net_seeds"]);
         Ok(())
     }
 }

@@ -79,20 +79,20 @@
 //!   describes the per-sample hinge generically; for ESC the statistic is
 //!   `l_div` as above.
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::Tensor;
 use ncclean_models::rng::Rng;
 use ncclean_models::{ModelConfig, PairInputs};
 use serde::{Deserialize, Serialize};
 
-use crate::batches::shuffled_batches;
 use crate::config::TrainConfig;
-use crate::division::{CleanSide, Division};
+use crate::division::CleanSide;
+use crate::error::{Error, Result};
 use crate::losses::{per_sample_hinge, soft_margin_hinge};
+use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::net::Net;
-use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
-use crate::scoring::{for_each_shuffled_batch, pair_similarity, score_rng};
-
-const SCORE_CHUNK: usize = 512;
+use crate::pipeline::PairScores;
+use crate::runner::EMBED_CHUNK;
+use crate::scoring::{divide, for_each_shuffled_batch, pair_similarity};
 /// Cosines at or below this carry no usable ratio (see the departures).
 const RATIO_EPS: f32 = 1e-6;
 
@@ -194,7 +194,12 @@ pub struct BatchDivision {
 }
 
 /// The division loss of one batch similarity matrix.
-pub fn division_loss(s: &Tensor, margin: f64, beta: f64, alpha1: f64) -> Result<BatchDivision> {
+pub fn division_loss(
+    s: &Tensor,
+    margin: f64,
+    beta: f64,
+    alpha1: f64,
+) -> candle_core::Result<BatchDivision> {
     let hinge: Vec<f32> = per_sample_hinge(s, margin)?.to_vec1()?;
     let rows: Vec<Vec<f32>> = s.to_vec2()?;
     let (reg, anchor) = division_regulariser(&rows, alpha1);
@@ -321,7 +326,11 @@ pub fn pseudo_negatives(s: &[Vec<f32>], clean: &[bool]) -> Vec<Option<usize>> {
 
 /// Training regulariser `L_ESC(i) = [(S_pi − S_ip)² − α2]+` per pair, with
 /// gradients through `s`; 0 where `pseudo[i]` is `None`.
-pub fn esc_training_term(s: &Tensor, pseudo: &[Option<usize>], alpha2: f64) -> Result<Tensor> {
+pub fn esc_training_term(
+    s: &Tensor,
+    pseudo: &[Option<usize>],
+    alpha2: f64,
+) -> candle_core::Result<Tensor> {
     let b = s.dim(0)?;
     let mut pi = Vec::with_capacity(b);
     let mut ip = Vec::with_capacity(b);
@@ -349,7 +358,7 @@ pub fn batch_loss(
     clean: &[bool],
     cfg: &TrainConfig,
     params: &EscParams,
-) -> Result<Tensor> {
+) -> candle_core::Result<Tensor> {
     let y = Tensor::from_vec(labels.to_vec(), labels.len(), s.device())?.to_dtype(s.dtype())?;
     let soft = soft_margin_hinge(s, &y, cfg.margin, cfg.soft_margin_m)?;
     // Pseudo-negatives are a selection, not a quantity to differentiate.
@@ -359,9 +368,10 @@ pub fn batch_loss(
     (soft + esc)?.mean_all()
 }
 
-/// One network's division statistics over a whole dataset.
+/// One network's (or both networks' averaged) division statistics over a
+/// whole dataset: a scoring pass.
 #[derive(Debug, Clone, Default)]
-struct NetStats {
+pub struct EscPass {
     /// `l_div`, averaged over shuffles.
     l_div: Vec<f32>,
     /// Whether the pair was the ESC anchor of some batch.
@@ -372,106 +382,155 @@ struct NetStats {
     similarity: Vec<f32>,
 }
 
-/// The per-epoch division one network hands to the other.
-struct Plan {
+/// The division one network hands to the other for an epoch.
+#[derive(Debug, Clone, Default)]
+struct NetPlan {
     clean: Vec<bool>,
     labels: Vec<f32>,
 }
 
-/// The ESC pipeline: two co-taught networks.
+/// The ESC method: two co-taught networks.
 pub struct Esc {
-    cfg: TrainConfig,
     params: EscParams,
-    seed: u64,
-    nets: [Net; 2],
-    division: Option<Division>,
-    /// Labels each network was last trained with (from the other network).
-    labels: [Vec<f32>; 2],
-    /// Clean set each network was last trained on, as 0/1.
-    clean: [Vec<f32>; 2],
+    /// The division each network trains with this epoch (computed by the
+    /// other network).
+    plans: [NetPlan; 2],
 }
 
-/// Build the ESC pipeline.
-pub fn build(
-    cfg: TrainConfig,
-    model: &ModelConfig,
-    seed: u64,
-    device: &Device,
-) -> Result<Box<dyn Pipeline>> {
-    Ok(Box::new(Esc::new(cfg, model, seed, device)?))
+/// `l_div`, ESC anchors and BiCro raw labels of every pair under `net`, in
+/// shuffled batches of the training batch size drawn from `rng`.
+fn net_stats(
+    net: &Net,
+    data: &PairInputs,
+    cfg: &TrainConfig,
+    params: &EscParams,
+    rng: &mut Rng,
+) -> Result<EscPass> {
+    let (vi, vt) = net.embed_all(data, EMBED_CHUNK)?;
+    let n = vi.dim(0)?;
+    let shuffles = cfg.division_shuffles.max(1);
+    let mut st = EscPass {
+        l_div: vec![0.0; n],
+        anchor: vec![false; n],
+        raw_label: vec![0.0; n],
+        similarity: pair_similarity(&vi, &vt)?,
+    };
+    for_each_shuffled_batch(&vi, &vt, cfg.batch_size, shuffles, rng, |batch| {
+        let b = batch.idx;
+        let div = division_loss(&batch.s, cfg.margin, params.beta, params.alpha1)?;
+        // BiCro compares pairs by their pooled tower features, not by the
+        // joint space the noisy pairs are shaping.
+        let (pi, pt) = net.batch_pooled(data, b)?;
+        let cv: Vec<Vec<f32>> = pi.matmul(&pi.t()?)?.to_vec2()?;
+        let ct: Vec<Vec<f32>> = pt.matmul(&pt.t()?)?.to_vec2()?;
+        let raw = bicro_raw_labels(&div.hinge, &cv, &ct, params.bicro_anchors(b.len()));
+        for (j, &i) in b.iter().enumerate() {
+            st.l_div[i] += div.l_div[j];
+            st.raw_label[i] += raw[j];
+        }
+        if let Some(a) = div.anchor {
+            st.anchor[b[a]] = true;
+        }
+        Ok(())
+    })?;
+    let inv = 1.0 / shuffles as f32;
+    st.l_div.iter_mut().for_each(|v| *v *= inv);
+    st.raw_label.iter_mut().for_each(|v| *v *= inv);
+    Ok(st)
 }
 
 impl Esc {
-    /// A fresh pipeline; the two networks get different initialisations.
-    pub fn new(cfg: TrainConfig, model: &ModelConfig, seed: u64, device: &Device) -> Result<Self> {
-        let params: EscParams = cfg.method_params("esc").map_err(candle_core::Error::Msg)?;
-        params.validate().map_err(candle_core::Error::Msg)?;
-        let seed1 = Rng::derive(seed, "esc-net1-init").next_u64();
-        let net0 = Net::new(model, seed, device, cfg.lr, cfg.grad_clip)?;
-        let net1 = Net::new(model, seed1, device, cfg.lr, cfg.grad_clip)?;
+    /// Net `k`'s division of the training data, used to train the other net.
+    fn plan_from(&self, k: usize, ctx: &EpochCtx) -> Result<NetPlan> {
+        let mut rng = ctx.streams.division(ctx.epoch, k);
+        let st = net_stats(&ctx.nets[k], ctx.data, ctx.cfg, &self.params, &mut rng)?;
+        let w = divide(&st.l_div, ctx.cfg, CleanSide::LowMean);
+        let (clean, labels) = plan_labels(
+            &w,
+            &st.anchor,
+            &st.raw_label,
+            ctx.cfg.threshold,
+            self.params.label_floor,
+        );
+        Ok(NetPlan { clean, labels })
+    }
+}
+
+impl Method for Esc {
+    const NAME: &'static str = "esc";
+    type Pass = EscPass;
+
+    fn new(cfg: &TrainConfig, _model: &ModelConfig) -> Result<Self> {
+        let params: EscParams = cfg.method_params("esc").map_err(Error::Config)?;
+        params.validate().map_err(Error::Config)?;
         Ok(Esc {
-            cfg,
             params,
-            seed,
-            nets: [net0, net1],
-            division: None,
-            labels: [Vec::new(), Vec::new()],
-            clean: [Vec::new(), Vec::new()],
+            plans: Default::default(),
         })
     }
 
-    /// `l_div`, ESC anchors and BiCro raw labels of every pair under net `k`,
-    /// in shuffled batches of the training batch size drawn from `rng`.
-    fn net_stats(&self, k: usize, data: &PairInputs, rng: &mut Rng) -> Result<NetStats> {
-        let (vi, vt) = self.nets[k].embed_all(data, SCORE_CHUNK)?;
-        let n = vi.dim(0)?;
-        let shuffles = self.cfg.division_shuffles.max(1);
-        let mut st = NetStats {
-            l_div: vec![0.0; n],
-            anchor: vec![false; n],
-            raw_label: vec![0.0; n],
-            similarity: pair_similarity(&vi, &vt)?,
-        };
-        for_each_shuffled_batch(&vi, &vt, self.cfg.batch_size, shuffles, rng, |batch| {
-            let b = batch.idx;
-            let div = division_loss(
-                &batch.s,
-                self.cfg.margin,
-                self.params.beta,
-                self.params.alpha1,
-            )?;
-            // BiCro compares pairs by their pooled tower features, not by
-            // the joint space the noisy pairs are shaping.
-            let (pi, pt) = self.nets[k].batch_pooled(data, b)?;
-            let cv: Vec<Vec<f32>> = pi.matmul(&pi.t()?)?.to_vec2()?;
-            let ct: Vec<Vec<f32>> = pt.matmul(&pt.t()?)?.to_vec2()?;
-            let raw = bicro_raw_labels(&div.hinge, &cv, &ct, self.params.bicro_anchors(b.len()));
-            for (j, &i) in b.iter().enumerate() {
-                st.l_div[i] += div.l_div[j];
-                st.raw_label[i] += raw[j];
-            }
-            if let Some(a) = div.anchor {
-                st.anchor[b[a]] = true;
-            }
-            Ok(())
-        })?;
-        let inv = 1.0 / shuffles as f32;
-        st.l_div.iter_mut().for_each(|v| *v *= inv);
-        st.raw_label.iter_mut().for_each(|v| *v *= inv);
-        Ok(st)
+    fn networks(&self) -> usize {
+        2
+    }
+
+    fn plan(&mut self, ctx: &mut EpochCtx) -> Result<Plan> {
+        let n = ctx.data.len();
+        let clean_only = ctx.epoch < ctx.cfg.warmup_epochs + self.params.clean_only_epochs;
+        // Co-teaching: net k trains on the division computed by net 1−k.
+        self.plans = [self.plan_from(1, ctx)?, self.plan_from(0, ctx)?];
+        let train = self
+            .plans
+            .iter()
+            .map(|p| {
+                (0..n)
+                    .filter(|&i| !clean_only || p.clean[i])
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let clean_fraction = self
+            .plans
+            .iter()
+            .map(|p| p.clean.iter().filter(|&&c| c).count() as f64 / n.max(1) as f64)
+            .sum::<f64>()
+            / 2.0;
+        Ok(Plan {
+            train,
+            phase: if clean_only { "clean" } else { "all" }.into(),
+            clean_fraction: Some(clean_fraction),
+        })
+    }
+
+    fn batch_loss(&mut self, b: &Batch) -> Result<Tensor> {
+        let p = &self.plans[b.k];
+        let s = b.net.batch_similarity(b.data, b.idx)?;
+        let y: Vec<f32> = b.idx.iter().map(|&i| p.labels[i]).collect();
+        let c: Vec<bool> = b.idx.iter().map(|&i| p.clean[i]).collect();
+        Ok(batch_loss(&s, &y, &c, b.cfg, &self.params)?)
+    }
+
+    fn clean_side(&self) -> CleanSide {
+        CleanSide::LowMean
     }
 
     /// Both networks' statistics on the same fixed batches, averaged.
-    fn scoring_stats(&self, data: &PairInputs) -> Result<NetStats> {
-        let a = self.net_stats(0, data, &mut score_rng(self.seed))?;
-        let b = self.net_stats(1, data, &mut score_rng(self.seed))?;
+    fn score_pass(&self, ctx: &ScoreCtx) -> Result<EscPass> {
+        let stats = |k: usize| {
+            net_stats(
+                &ctx.nets[k],
+                ctx.data,
+                ctx.cfg,
+                &self.params,
+                &mut ctx.streams.score(),
+            )
+        };
+        let (a, b) = (stats(0)?, stats(1)?);
         let avg = |x: &[f32], y: &[f32]| {
             x.iter()
                 .zip(y)
                 .map(|(p, q)| (p + q) / 2.0)
                 .collect::<Vec<f32>>()
         };
-        Ok(NetStats {
+        Ok(EscPass {
             l_div: avg(&a.l_div, &b.l_div),
             anchor: a
                 .anchor
@@ -484,224 +543,55 @@ impl Esc {
         })
     }
 
-    /// Net `k`'s division of the training data, used to train the other net.
-    fn plan_from(&self, k: usize, epoch: usize, data: &PairInputs) -> Result<Plan> {
-        let mut rng = Rng::derive(self.seed, &format!("epoch-{epoch}-division-net{k}"));
-        let st = self.net_stats(k, data, &mut rng)?;
-        let div = Division::fit(&st.l_div, self.cfg.mixture, CleanSide::LowMean);
-        let w = div.clean_prob(&st.l_div);
-        let (clean, labels) = plan_labels(
-            &w,
-            &st.anchor,
-            &st.raw_label,
-            self.cfg.threshold,
-            self.params.label_floor,
-        );
-        Ok(Plan { clean, labels })
+    fn statistic(pass: &EscPass) -> &[f32] {
+        &pass.l_div
     }
 
-    /// Train net `k` for one epoch on `train` with the given plan (`None`: warm-up).
-    fn train_net(
-        &mut self,
-        k: usize,
-        epoch: usize,
-        data: &PairInputs,
-        train: &[usize],
-        plan: Option<&Plan>,
-        obs: &mut dyn Observer,
-    ) -> Result<f64> {
-        let mut rng = Rng::derive(self.seed, &format!("epoch-{epoch}-batches-net{k}"));
-        let batches = shuffled_batches(train, self.cfg.batch_size, &mut rng);
-        let mut total = 0f64;
-        for b in &batches {
-            let s = self.nets[k].batch_similarity(data, b)?;
-            let loss = match plan {
-                None => per_sample_hinge(&s, self.cfg.margin)?.mean_all()?,
-                Some(p) => {
-                    let y: Vec<f32> = b.iter().map(|&i| p.labels[i]).collect();
-                    let c: Vec<bool> = b.iter().map(|&i| p.clean[i]).collect();
-                    batch_loss(&s, &y, &c, &self.cfg, &self.params)?
-                }
-            };
-            total += f64::from(loss.to_scalar::<f32>()?);
-            self.nets[k].step(&loss)?;
-            obs.advance(1);
-        }
-        Ok(total / batches.len().max(1) as f64)
-    }
-}
-
-impl Pipeline for Esc {
-    fn method(&self) -> &'static str {
-        "esc"
-    }
-
-    fn total_epochs(&self) -> usize {
-        self.cfg.epochs
-    }
-
-    fn nets(&self) -> Vec<&Net> {
-        self.nets.iter().collect()
-    }
-
-    fn nets_mut(&mut self) -> Vec<&mut Net> {
-        self.nets.iter_mut().collect()
-    }
-
-    fn run_epoch(
-        &mut self,
-        epoch: usize,
-        data: &PairInputs,
-        obs: &mut dyn Observer,
-    ) -> Result<EpochStats> {
-        let lr = self.cfg.lr_at(epoch);
-        self.nets.iter_mut().for_each(|n| n.set_lr(lr));
-        let n = data.len();
-        let all: Vec<usize> = (0..n).collect();
-        if epoch < self.cfg.warmup_epochs {
-            let per_net = n.div_ceil(self.cfg.batch_size.max(1)) as u64;
-            obs.start("warm-up", 2 * per_net);
-            let mut loss = 0.0;
-            for k in 0..2 {
-                loss += self.train_net(k, epoch, data, &all, None, obs)? / 2.0;
-            }
-            obs.finish();
-            return Ok(EpochStats {
-                epoch,
-                phase: "warmup".into(),
-                loss,
-                clean_fraction: None,
-                pairs: n,
-            });
-        }
-        let clean_only = epoch < self.cfg.warmup_epochs + self.params.clean_only_epochs;
-        // Co-teaching: net k trains on the division computed by net 1−k.
-        let plans = [
-            self.plan_from(1, epoch, data)?,
-            self.plan_from(0, epoch, data)?,
-        ];
-        let trains: Vec<Vec<usize>> = plans
-            .iter()
-            .map(|p| {
-                if clean_only {
-                    (0..n).filter(|&i| p.clean[i]).collect()
-                } else {
-                    all.clone()
-                }
-            })
-            .collect();
-        let steps: u64 = trains
-            .iter()
-            .map(|t| t.len().div_ceil(self.cfg.batch_size.max(1)) as u64)
-            .sum();
-        obs.start(
-            if clean_only {
-                "train (clean)"
-            } else {
-                "train (all)"
-            },
-            steps,
-        );
-        let mut loss = 0.0;
-        for k in 0..2 {
-            loss += self.train_net(k, epoch, data, &trains[k], Some(&plans[k]), obs)? / 2.0;
-        }
-        obs.finish();
-        let clean_fraction = plans
-            .iter()
-            .map(|p| p.clean.iter().filter(|&&c| c).count() as f64 / n.max(1) as f64)
-            .sum::<f64>()
-            / 2.0;
-        for (k, p) in plans.into_iter().enumerate() {
-            self.clean[k] = p.clean.iter().map(|&c| if c { 1.0 } else { 0.0 }).collect();
-            self.labels[k] = p.labels;
-        }
-        Ok(EpochStats {
-            epoch,
-            phase: if clean_only { "clean" } else { "all" }.into(),
-            loss,
-            clean_fraction: Some(clean_fraction),
-            pairs: trains.iter().map(Vec::len).sum::<usize>() / 2,
-        })
-    }
-
-    fn finalize(&mut self, data: &PairInputs, obs: &mut dyn Observer) -> Result<()> {
-        obs.start("final division", 1);
-        let st = self.scoring_stats(data)?;
-        self.division = Some(Division::fit(
-            &st.l_div,
-            self.cfg.mixture,
-            CleanSide::LowMean,
-        ));
-        obs.advance(1);
-        obs.finish();
-        Ok(())
-    }
-
-    fn score(&self, data: &PairInputs, refit: bool, obs: &mut dyn Observer) -> Result<PairScores> {
-        obs.start("scoring", 1);
-        let st = self.scoring_stats(data)?;
-        let refitted;
-        let div = if refit {
-            refitted = Division::fit(&st.l_div, self.cfg.mixture, CleanSide::LowMean);
-            &refitted
-        } else {
-            self.division.as_ref().ok_or_else(|| {
-                candle_core::Error::Msg(
-                    "this pipeline has no fitted division; run fit first".into(),
-                )
-            })?
-        };
-        let clean_prob = div.clean_prob(&st.l_div);
+    fn scores(&self, pass: EscPass, clean_prob: Vec<f32>, cfg: &TrainConfig) -> PairScores {
         let (_, soft_label) = plan_labels(
             &clean_prob,
-            &st.anchor,
-            &st.raw_label,
-            self.cfg.threshold,
+            &pass.anchor,
+            &pass.raw_label,
+            cfg.threshold,
             self.params.label_floor,
         );
-        obs.advance(1);
-        obs.finish();
-        Ok(PairScores {
+        PairScores {
             clean_prob,
             soft_label,
-            similarity: st.similarity,
-            statistic: st.l_div,
-        })
+            similarity: pass.similarity,
+            statistic: pass.l_div,
+        }
     }
 
     fn state(&self) -> serde_json::Value {
         serde_json::json!({
-            "division": self.division,
             "params": self.params,
-            "division_statistic": "l_div = l_hard + beta * l_ESC in shuffled batches, averaged over division_shuffles and both networks; BMM posterior made monotone in the loss",
+            "division_statistic": "l_div = l_hard + beta * l_ESC in shuffled batches, averaged over division_shuffles and both networks; mixture posterior made monotone in the loss",
         })
     }
 
     fn pair_state(&self) -> Vec<(String, Vec<f32>)> {
         let mut out = Vec::new();
-        for k in 0..2 {
-            out.push((format!("labels_net{k}"), self.labels[k].clone()));
-            out.push((format!("clean_net{k}"), self.clean[k].clone()));
+        for (k, p) in self.plans.iter().enumerate() {
+            out.push((format!("labels_net{k}"), p.labels.clone()));
+            let clean = p.clean.iter().map(|&c| if c { 1.0 } else { 0.0 }).collect();
+            out.push((format!("clean_net{k}"), clean));
         }
         out
     }
 
     fn load_state(
         &mut self,
-        state: &serde_json::Value,
-        pairs: Vec<(String, Vec<f32>)>,
+        _state: &serde_json::Value,
+        pairs: &[(String, Vec<f32>)],
     ) -> Result<()> {
-        self.division = serde_json::from_value(state["division"].clone()).map_err(|e| {
-            candle_core::Error::Msg(format!("checkpoint state has no valid division: {e}"))
-        })?;
         for (name, v) in pairs {
-            match name.as_str() {
-                "labels_net0" => self.labels[0] = v,
-                "labels_net1" => self.labels[1] = v,
-                "clean_net0" => self.clean[0] = v,
-                "clean_net1" => self.clean[1] = v,
-                _ => {}
+            for (k, p) in self.plans.iter_mut().enumerate() {
+                if *name == format!("labels_net{k}") {
+                    p.labels = v.clone();
+                } else if *name == format!("clean_net{k}") {
+                    p.clean = v.iter().map(|&c| c > 0.5).collect();
+                }
             }
         }
         Ok(())
@@ -711,6 +601,7 @@ impl Pipeline for Esc {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
     use candle_core::Var;
     use ncclean_models::{ImageInputs, TextInputs};
 
@@ -935,8 +826,10 @@ mod tests {
         //   a=0: [1, 0, 0, 1]   a=1: [0, 1, 0, 1]
         //   a=2: [0, 0, 1, 0]   a=3: [1, 1, 0, 1]
         // whatever either network's joint space looks like.
+        use crate::runner::Runner;
         let (mcfg, data) = tiny();
-        let p = Esc::new(train_cfg(), &mcfg, 0, &Device::Cpu)?;
+        let cfg = train_cfg();
+        let p = Runner::<Esc>::new(cfg.clone(), &mcfg, 0, &Device::Cpu)?;
         let table = [
             [1.0, 0.0, 0.0, 1.0],
             [0.0, 1.0, 0.0, 1.0],
@@ -945,12 +838,14 @@ mod tests {
         ];
         for k in 0..2 {
             // The anchor is the lowest per-sample hinge of the (single) batch.
-            let s = p.nets[k].batch_similarity(&data, &[0, 1, 2, 3])?;
-            let hinge: Vec<f32> = per_sample_hinge(&s, p.cfg.margin)?.to_vec1()?;
+            let net = &p.networks()[k];
+            let s = net.batch_similarity(&data, &[0, 1, 2, 3])?;
+            let hinge: Vec<f32> = per_sample_hinge(&s, cfg.margin)?.to_vec1()?;
             let a = (0..4)
                 .min_by(|&x, &y| hinge[x].total_cmp(&hinge[y]))
                 .expect("four pairs");
-            let st = p.net_stats(k, &data, &mut score_rng(0))?;
+            let params: EscParams = cfg.method_params("esc").expect("preset params");
+            let st = net_stats(net, &data, &cfg, &params, &mut p.streams().score())?;
             close(&st.raw_label, &table[a]);
         }
         Ok(())
@@ -969,18 +864,20 @@ mod tests {
         let mut neg = cfg;
         neg.params.insert("beta".into(), toml::Value::Float(-1.0));
         let (m, _) = tiny();
-        assert!(Esc::new(neg, &m, 0, &Device::Cpu).is_err());
+        assert!(matches!(Esc::new(&neg, &m), Err(Error::Config(_))));
     }
 
     #[test]
     fn fit_then_score_is_consistent_and_finite() -> Result<()> {
+        use crate::pipeline::Pipeline;
+        use crate::runner::Runner;
         let (mcfg, data) = tiny();
         let mut cfg = train_cfg();
         cfg.epochs = 3;
         cfg.warmup_epochs = 1;
         cfg.params
             .insert("clean_only_epochs".into(), toml::Value::Integer(1));
-        let mut p = Esc::new(cfg, &mcfg, 0, &Device::Cpu)?;
+        let mut p = Runner::<Esc>::new(cfg, &mcfg, 0, &Device::Cpu)?;
         let mut obs = crate::pipeline::Silent;
         for e in 0..3 {
             let st = p.run_epoch(e, &data, &mut obs)?;
@@ -998,10 +895,10 @@ mod tests {
             .all(|v| (0.0..=1.0).contains(v)));
         assert_eq!(p.weights().len(), 2);
         let state = p.state();
-        let mut q = Esc::new(train_cfg(), &mcfg, 0, &Device::Cpu)?;
+        let mut q = Runner::<Esc>::new(train_cfg(), &mcfg, 0, &Device::Cpu)?;
         q.load_state(&state, p.pair_state())?;
-        assert_eq!(q.division, p.division);
-        assert_eq!(q.labels, p.labels);
+        assert_eq!(q.state()["division"], state["division"]);
+        assert_eq!(q.pair_state(), p.pair_state());
         Ok(())
     }
 }

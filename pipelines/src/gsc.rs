@@ -71,22 +71,21 @@
 //!   once-applied label rule above (no momentum), because it must be
 //!   computable for new data and comparable with a threshold.
 
-use candle_core::{DType, Device, Result, Tensor};
-use ncclean_models::layers::{log_softmax_last, softmax_last};
+use candle_core::{DType, Tensor};
+use ncclean_models::layers::log_softmax_last;
 use ncclean_models::rng::Rng;
-use ncclean_models::{ModelConfig, PairInputs};
+use ncclean_models::ModelConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::batches::shuffled_batches;
 use crate::config::TrainConfig;
 use crate::division::{CleanSide, Division};
-use crate::losses::diagonal;
+use crate::error::{Error, Result};
+use crate::losses::{diagonal, match_log_diagonals, match_prob};
+use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::net::Net;
-use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
+use crate::pipeline::PairScores;
+use crate::runner::{not_fitted, Streams, EMBED_CHUNK};
 use crate::scoring::{for_each_shuffled_batch, pair_similarity};
-
-/// Pairs embedded per chunk when scoring without gradients.
-const SCORE_CHUNK: usize = 512;
 /// Guards the norms in eq. 8 when every weight in a batch is 0.
 const NORM_EPS: f64 = 1e-12;
 
@@ -140,19 +139,14 @@ impl GscParams {
     }
 }
 
-/// Cross-modal indicator of eq. 3 for every pair of a batch:
-/// `½ [softmax_j(S_ij/τ)_i + softmax_j(S_ji/τ)_i]`.
-pub fn cross_modal_indicator(s: &Tensor, tau: f64) -> Result<Tensor> {
-    let scaled = (s / tau)?;
-    let i2t = diagonal(&softmax_last(&scaled)?)?;
-    let t2i = diagonal(&softmax_last(&scaled.t()?.contiguous()?)?)?;
-    (i2t + t2i)? * 0.5
-}
-
 /// Intra-modal structure consistency of eq. 8 for every pair of a batch: the
 /// cosine between row i of `y∘G^v` and row i of `y∘G^t`, where `y` scales
 /// column k (pair k's weight as a reference point).
-pub fn intra_modal_consistency(gv: &Tensor, gt: &Tensor, y: &Tensor) -> Result<Tensor> {
+pub fn intra_modal_consistency(
+    gv: &Tensor,
+    gt: &Tensor,
+    y: &Tensor,
+) -> candle_core::Result<Tensor> {
     let w = y.unsqueeze(0)?;
     let a = gv.broadcast_mul(&w)?;
     let b = gt.broadcast_mul(&w)?;
@@ -164,14 +158,12 @@ pub fn intra_modal_consistency(gv: &Tensor, gt: &Tensor, y: &Tensor) -> Result<T
 
 /// `L_CM` of eq. 6: the symmetric InfoNCE at temperature τ with each pair's
 /// two terms weighted by its label, `−(1/2B) Σ_i y_i [log p^{i2t}_ii + log p^{t2i}_ii]`.
-pub fn cross_modal_loss(s: &Tensor, y: &Tensor, tau: f64) -> Result<Tensor> {
+pub fn cross_modal_loss(s: &Tensor, y: &Tensor, tau: f64) -> candle_core::Result<Tensor> {
     let b = s.dim(0)?;
     if b == 0 {
         return Tensor::zeros((), s.dtype(), s.device());
     }
-    let scaled = (s / tau)?;
-    let i2t = diagonal(&log_softmax_last(&scaled)?)?;
-    let t2i = diagonal(&log_softmax_last(&scaled.t()?.contiguous()?)?)?;
+    let (i2t, t2i) = match_log_diagonals(s, tau)?;
     ((i2t + t2i)? * y)?
         .sum_all()?
         .affine(-1.0 / (2 * b) as f64, 0.0)
@@ -187,7 +179,7 @@ pub fn intra_modal_loss(
     y: &Tensor,
     tau: f64,
     row_weight: bool,
-) -> Result<Tensor> {
+) -> candle_core::Result<Tensor> {
     let b = gv.dim(0)?;
     if b == 0 {
         return Tensor::zeros((), gv.dtype(), gv.device());
@@ -243,143 +235,58 @@ struct NetStats {
     similarity: Vec<f32>,
 }
 
-/// The GSC pipeline.
-pub struct Gsc {
-    cfg: TrainConfig,
-    params: GscParams,
-    seed: u64,
-    nets: Vec<Net>,
-    labels: Vec<Labels>,
-    /// One GMM on `S_IM` per network, fitted by `finalize`.
-    divisions: Option<Vec<Division>>,
-    /// Mixture on the final label y (high-mean component clean): turns y into
-    /// ncclean's calibrated `clean_prob`, fitted in `finalize`.
-    label_division: Option<Division>,
+/// One scoring pass: the once-applied label y and what it came from.
+pub struct GscPass {
+    /// `y = min(y_CM, y_IM)`, averaged over the networks.
+    y: Vec<f32>,
+    /// `S_IM` averaged over the networks.
+    s_im: Vec<f32>,
+    /// `S_ii` averaged over the networks.
+    similarity: Vec<f32>,
+    /// The per-network mixtures on `S_IM` that gave `y_IM`.
+    divisions: Vec<Division>,
 }
 
-/// Build the GSC pipeline.
-pub fn build(
-    cfg: TrainConfig,
-    model: &ModelConfig,
-    seed: u64,
-    device: &Device,
-) -> Result<Box<dyn Pipeline>> {
-    Ok(Box::new(Gsc::new(cfg, model, seed, device)?))
+/// The GSC method.
+pub struct Gsc {
+    params: GscParams,
+    labels: Vec<Labels>,
+    /// One mixture on `S_IM` per network, fitted after training.
+    divisions: Option<Vec<Division>>,
+    /// During a network's pass: the labels it trains with (its teacher's)...
+    y_used: Vec<f32>,
+    /// ...and the statistics collected for its own label update.
+    new_cm: Vec<f32>,
+    s_im: Vec<f32>,
 }
 
 impl Gsc {
-    /// A fresh pipeline; fails on invalid `[params]`.
-    pub fn new(cfg: TrainConfig, model: &ModelConfig, seed: u64, device: &Device) -> Result<Self> {
-        let params: GscParams = cfg.method_params("gsc").map_err(candle_core::Error::Msg)?;
-        params.validate().map_err(candle_core::Error::Msg)?;
-        let mut nets = Vec::with_capacity(params.networks);
-        for k in 0..params.networks {
-            // Net 0 keeps the run seed so a one-network run matches the
-            // usual initialisation; net 1 needs an independent one.
-            let net_seed = if k == 0 {
-                seed
-            } else {
-                Rng::derive(seed, &format!("gsc-net{k}-init")).next_u64()
-            };
-            nets.push(Net::new(model, net_seed, device, cfg.lr, cfg.grad_clip)?);
-        }
-        let labels = vec![Labels::ones(0); params.networks];
-        Ok(Gsc {
-            cfg,
-            params,
-            seed,
-            nets,
-            labels,
-            divisions: None,
-            label_division: None,
-        })
-    }
-
     /// Whose labels net `k` trains with: the other network's when co-taught.
     fn teacher(&self, k: usize) -> usize {
-        if self.nets.len() == 2 {
+        if self.params.networks == 2 {
             1 - k
         } else {
             k
         }
     }
 
-    /// Train net `k` for one epoch with its teacher's labels, then update its
-    /// own labels from the statistics of that same pass. Returns the mean loss.
-    fn train_net(
-        &mut self,
-        k: usize,
-        epoch: usize,
-        data: &PairInputs,
-        obs: &mut dyn Observer,
-    ) -> Result<f64> {
-        let n = data.len();
-        let p = self.params.clone();
-        let y_used = self.labels[self.teacher(k)].y();
-        let mut rng = Rng::derive(self.seed, &format!("gsc-epoch-{epoch}-net{k}"));
-        let all: Vec<usize> = (0..n).collect();
-        let batches = shuffled_batches(&all, self.cfg.batch_size, &mut rng);
-        let net = &mut self.nets[k];
-        let dev = net.device().clone();
-        let mut new_cm = vec![1f32; n];
-        let mut s_im = vec![0f32; n];
-        let mut total = 0f64;
-        obs.start(&format!("train net{k}"), batches.len() as u64);
-        for b in &batches {
-            let (vi, vt) = net.batch_embeddings(data, b)?;
-            let s = vi.matmul(&vt.t()?)?;
-            let gv = vi.matmul(&vi.t()?)?;
-            let gt = vt.matmul(&vt.t()?)?;
-            let y = Tensor::from_vec(
-                b.iter().map(|&i| y_used[i]).collect::<Vec<f32>>(),
-                b.len(),
-                &dev,
-            )?;
-            let l_cm = cross_modal_loss(&s, &y, p.tau1)?;
-            let l_im = intra_modal_loss(&gv, &gt, &y, p.tau2, p.im_row_weight)?;
-            let loss = (l_cm + (l_im * p.gamma)?)?;
-            // The labels come from this same forward pass (Algorithm 1, lines
-            // 5–7), before the step, without gradients.
-            let cm: Vec<f32> = cross_modal_indicator(&s.detach(), p.tau1)?.to_vec1()?;
-            let sim: Vec<f32> =
-                intra_modal_consistency(&gv.detach(), &gt.detach(), &y)?.to_vec1()?;
-            for (j, &i) in b.iter().enumerate() {
-                new_cm[i] = cm[j];
-                s_im[i] = sim[j];
-            }
-            total += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            net.step(&loss)?;
-            obs.advance(1);
-        }
-        obs.finish();
-        let div = Division::fit(&s_im, self.cfg.mixture, CleanSide::HighMean);
-        let new_im = div.clean_prob(&s_im);
-        let old = &self.labels[k];
-        self.labels[k] = Labels {
-            y_cm: momentum(&old.y_cm, &new_cm, p.beta1),
-            y_im: momentum(&old.y_im, &new_im, p.beta2),
-        };
-        Ok(total / batches.len().max(1) as f64)
-    }
-
-    /// `S_IM` with unit weights, `y_CM` and `S_ii` of every pair under net `k`,
-    /// in shuffled batches from a fixed stream averaged over
+    /// `S_IM` with unit weights, `y_CM` and `S_ii` of every pair under `net`,
+    /// in shuffled batches of the scoring stream averaged over
     /// `division_shuffles` shuffles.
-    fn net_stats(&self, k: usize, data: &PairInputs) -> Result<NetStats> {
-        let net = &self.nets[k];
-        let (vi, vt) = net.embed_all(data, SCORE_CHUNK)?;
+    fn net_stats(&self, net: &Net, ctx: &ScoreCtx) -> Result<NetStats> {
+        let (vi, vt) = net.embed_all(ctx.data, EMBED_CHUNK)?;
         let n = vi.dim(0)?;
-        let shuffles = self.cfg.division_shuffles.max(1);
-        let mut rng = Rng::derive(self.seed, &format!("score-gsc-net{k}"));
+        let shuffles = ctx.cfg.division_shuffles.max(1);
+        let mut rng = ctx.streams.score();
         let mut s_im = vec![0f32; n];
         let mut y_cm = vec![0f32; n];
-        for_each_shuffled_batch(&vi, &vt, self.cfg.batch_size, shuffles, &mut rng, |b| {
+        for_each_shuffled_batch(&vi, &vt, ctx.cfg.batch_size, shuffles, &mut rng, |b| {
             let gv = b.images.matmul(&b.images.t()?)?;
             let gt = b.texts.matmul(&b.texts.t()?)?;
             // No label history for scored data: the initial labels, 1.
             let ones = Tensor::ones(b.idx.len(), DType::F32, vi.device())?;
             let sim: Vec<f32> = intra_modal_consistency(&gv, &gt, &ones)?.to_vec1()?;
-            let cm: Vec<f32> = cross_modal_indicator(&b.s, self.params.tau1)?.to_vec1()?;
+            let cm: Vec<f32> = match_prob(&b.s, self.params.tau1)?.to_vec1()?;
             for (j, &i) in b.idx.iter().enumerate() {
                 s_im[i] += sim[j];
                 y_cm[i] += cm[j];
@@ -413,146 +320,167 @@ fn mean_of(vs: &[Vec<f32>]) -> Vec<f32> {
     out.into_iter().map(|x| x / vs.len() as f32).collect()
 }
 
-impl Gsc {
-    /// The once-applied GSC label y = min(y_CM, y_IM) of every pair, averaged
-    /// over the networks, with the mean S_IM and S_ii. y_IM comes from the
-    /// per-net mixtures fitted in `finalize` (refitted on `data` with `refit`).
-    fn labels_y(&self, data: &PairInputs, refit: bool) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        let stored = if refit {
-            None
-        } else {
-            let d = self.divisions.as_ref().ok_or_else(|| {
-                candle_core::Error::Msg(
-                    "this pipeline has no fitted division; run fit first".into(),
-                )
-            })?;
-            if d.len() != self.nets.len() {
-                candle_core::bail!(
-                    "checkpoint holds {} divisions for {} networks",
-                    d.len(),
-                    self.nets.len()
-                );
-            }
-            Some(d)
-        };
-        let (mut ys, mut stats, mut sims) = (Vec::new(), Vec::new(), Vec::new());
-        for k in 0..self.nets.len() {
-            let st = self.net_stats(k, data)?;
-            let y_im = match stored {
-                Some(d) => d[k].clean_prob(&st.s_im),
-                None => Division::fit(&st.s_im, self.cfg.mixture, CleanSide::HighMean)
-                    .clean_prob(&st.s_im),
-            };
-            ys.push(combine(&st.y_cm, &y_im));
-            stats.push(st.s_im);
-            sims.push(st.similarity);
-        }
-        Ok((mean_of(&ys), mean_of(&stats), mean_of(&sims)))
-    }
-}
+impl Method for Gsc {
+    const NAME: &'static str = "gsc";
+    type Pass = GscPass;
 
-impl Pipeline for Gsc {
-    fn method(&self) -> &'static str {
-        "gsc"
+    /// Fails on invalid `[params]`.
+    fn new(cfg: &TrainConfig, _model: &ModelConfig) -> Result<Self> {
+        let params: GscParams = cfg.method_params("gsc").map_err(Error::Config)?;
+        params.validate().map_err(Error::Config)?;
+        Ok(Gsc {
+            labels: vec![Labels::ones(0); params.networks],
+            params,
+            divisions: None,
+            y_used: Vec::new(),
+            new_cm: Vec::new(),
+            s_im: Vec::new(),
+        })
     }
 
-    fn total_epochs(&self) -> usize {
-        self.cfg.epochs
+    fn networks(&self) -> usize {
+        self.params.networks
     }
 
-    fn nets(&self) -> Vec<&Net> {
-        self.nets.iter().collect()
+    /// GSC's batch order keeps its name from before the shared stream
+    /// scheme, so that its training does not move.
+    fn batch_stream(&self, streams: &Streams, epoch: usize, k: usize) -> Option<Rng> {
+        Some(streams.named(&format!("gsc-epoch-{epoch}-net{k}")))
     }
 
-    fn nets_mut(&mut self) -> Vec<&mut Net> {
-        self.nets.iter_mut().collect()
+    /// The paper has no warm-up: the initial labels are 1, so the first
+    /// epoch trains on all pairs.
+    fn has_warmup(&self) -> bool {
+        false
     }
 
-    fn run_epoch(
-        &mut self,
-        epoch: usize,
-        data: &PairInputs,
-        obs: &mut dyn Observer,
-    ) -> Result<EpochStats> {
-        let n = data.len();
+    fn plan(&mut self, ctx: &mut EpochCtx) -> Result<Plan> {
+        let n = ctx.data.len();
         for l in &mut self.labels {
             if l.y_cm.len() != n || l.y_im.len() != n {
                 // First epoch (or a state for other data): the paper's initial labels.
                 *l = Labels::ones(n);
             }
         }
-        let lr = self.cfg.lr_at(epoch);
-        let mut loss = 0f64;
-        for k in 0..self.nets.len() {
-            self.nets[k].set_lr(lr);
-            loss += self.train_net(k, epoch, data, obs)?;
+        Ok(Plan::all(n, self.params.networks, "train"))
+    }
+
+    /// Net `k` trains with its teacher's newest labels (Algorithm 1: net 1
+    /// sees the labels net 0 updated moments ago).
+    fn start_net(&mut self, k: usize, n: usize) {
+        self.y_used = self.labels[self.teacher(k)].y();
+        self.new_cm = vec![1.0; n];
+        self.s_im = vec![0.0; n];
+    }
+
+    fn batch_loss(&mut self, b: &Batch) -> Result<Tensor> {
+        let p = &self.params;
+        let (vi, vt) = b.net.batch_embeddings(b.data, b.idx)?;
+        let s = vi.matmul(&vt.t()?)?;
+        let gv = vi.matmul(&vi.t()?)?;
+        let gt = vt.matmul(&vt.t()?)?;
+        let y: Vec<f32> = b.idx.iter().map(|&i| self.y_used[i]).collect();
+        let y = Tensor::from_vec(y, b.idx.len(), b.net.device())?;
+        let l_cm = cross_modal_loss(&s, &y, p.tau1)?;
+        let l_im = intra_modal_loss(&gv, &gt, &y, p.tau2, p.im_row_weight)?;
+        let loss = (l_cm + (l_im * p.gamma)?)?;
+        // The labels come from this same forward pass (Algorithm 1, lines
+        // 5–7), before the step, without gradients.
+        let cm: Vec<f32> = match_prob(&s.detach(), p.tau1)?.to_vec1()?;
+        let sim: Vec<f32> = intra_modal_consistency(&gv.detach(), &gt.detach(), &y)?.to_vec1()?;
+        for (j, &i) in b.idx.iter().enumerate() {
+            self.new_cm[i] = cm[j];
+            self.s_im[i] = sim[j];
         }
-        let thr = self.cfg.threshold as f32;
+        Ok(loss)
+    }
+
+    /// The GMM on the pass's `S_IM` gives `y_IM`; both labels move by momentum.
+    fn end_net(&mut self, k: usize, cfg: &TrainConfig) -> Result<()> {
+        let div = Division::fit(&self.s_im, cfg.mixture, CleanSide::HighMean);
+        let new_im = div.clean_prob(&self.s_im);
+        let old = &self.labels[k];
+        self.labels[k] = Labels {
+            y_cm: momentum(&old.y_cm, &self.new_cm, self.params.beta1),
+            y_im: momentum(&old.y_im, &new_im, self.params.beta2),
+        };
+        Ok(())
+    }
+
+    fn finish_epoch(&mut self, cfg: &TrainConfig, n: usize) -> Option<f64> {
+        let thr = cfg.threshold as f32;
         let clean: usize = self
             .labels
             .iter()
             .map(|l| l.y().iter().filter(|&&v| v > thr).count())
             .sum();
-        let denom = (n * self.labels.len()).max(1);
-        Ok(EpochStats {
-            epoch,
-            phase: "train".to_string(),
-            loss: loss / self.nets.len() as f64,
-            clean_fraction: Some(clean as f64 / denom as f64),
-            pairs: n,
-        })
+        Some(clean as f64 / (n * self.labels.len()).max(1) as f64)
     }
 
-    fn finalize(&mut self, data: &PairInputs, obs: &mut dyn Observer) -> Result<()> {
-        obs.start("final division", self.nets.len() as u64);
-        let mut divisions = Vec::with_capacity(self.nets.len());
-        for k in 0..self.nets.len() {
-            let st = self.net_stats(k, data)?;
-            divisions.push(Division::fit(
-                &st.s_im,
-                self.cfg.mixture,
-                CleanSide::HighMean,
-            ));
-            obs.advance(1);
-        }
-        self.divisions = Some(divisions);
-        let (y, _, _) = self.labels_y(data, false)?;
-        self.label_division = Some(Division::fit(&y, self.cfg.mixture, CleanSide::HighMean));
-        obs.finish();
-        Ok(())
+    fn clean_side(&self) -> CleanSide {
+        CleanSide::HighMean
     }
 
-    fn score(&self, data: &PairInputs, refit: bool, obs: &mut dyn Observer) -> Result<PairScores> {
-        obs.start("scoring", 1);
-        let (y, stats, sims) = self.labels_y(data, refit)?;
-        let refitted;
-        let div = if refit {
-            refitted = Division::fit(&y, self.cfg.mixture, CleanSide::HighMean);
-            &refitted
-        } else {
-            self.label_division.as_ref().ok_or_else(|| {
-                candle_core::Error::Msg(
-                    "this pipeline has no fitted division; run fit first".into(),
-                )
-            })?
+    /// The once-applied GSC label y = min(y_CM, y_IM) of every pair, averaged
+    /// over the networks, with the mean S_IM and S_ii. y_IM comes from the
+    /// per-net mixtures fitted after training (refitted on the data with
+    /// `refit`).
+    fn score_pass(&self, ctx: &ScoreCtx) -> Result<GscPass> {
+        let stored = match (&self.divisions, ctx.refit) {
+            (_, true) => None,
+            (Some(d), false) if d.len() == ctx.nets.len() => Some(d),
+            (Some(d), false) => {
+                return Err(Error::State(format!(
+                    "checkpoint holds {} divisions for {} networks",
+                    d.len(),
+                    ctx.nets.len()
+                )))
+            }
+            (None, false) => return Err(not_fitted()),
         };
-        obs.advance(1);
-        obs.finish();
-        Ok(PairScores {
-            clean_prob: div.clean_prob(&y),
-            soft_label: y,
-            similarity: sims,
-            statistic: stats,
+        let (mut ys, mut stats, mut sims, mut divisions) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (k, net) in ctx.nets.iter().enumerate() {
+            let st = self.net_stats(net, ctx)?;
+            let div = match stored {
+                Some(d) => d[k].clone(),
+                None => Division::fit(&st.s_im, ctx.cfg.mixture, CleanSide::HighMean),
+            };
+            ys.push(combine(&st.y_cm, &div.clean_prob(&st.s_im)));
+            divisions.push(div);
+            stats.push(st.s_im);
+            sims.push(st.similarity);
+        }
+        Ok(GscPass {
+            y: mean_of(&ys),
+            s_im: mean_of(&stats),
+            similarity: mean_of(&sims),
+            divisions,
         })
+    }
+
+    /// `clean_prob` is the mixture posterior of the label y.
+    fn statistic(pass: &GscPass) -> &[f32] {
+        &pass.y
+    }
+
+    fn keep_fitted(&mut self, pass: &GscPass) {
+        self.divisions = Some(pass.divisions.clone());
+    }
+
+    fn scores(&self, pass: GscPass, clean_prob: Vec<f32>, _cfg: &TrainConfig) -> PairScores {
+        PairScores {
+            clean_prob,
+            soft_label: pass.y,
+            similarity: pass.similarity,
+            statistic: pass.s_im,
+        }
     }
 
     fn state(&self) -> serde_json::Value {
         serde_json::json!({
             "divisions": self.divisions,
-            "label_division": self.label_division,
-            "division_statistic": "S_IM (eq. 8) with unit weights in shuffled batches -> per-net GMM -> y_IM; y = mean over nets of min(y_CM, y_IM); clean_prob = posterior of the high-mean component of a GMM on y",
-            "score_shuffles": self.cfg.division_shuffles.max(1),
-            "networks": self.nets.len(),
+            "division_statistic": "S_IM (eq. 8) with unit weights in shuffled batches -> per-net GMM -> y_IM; y = mean over nets of min(y_CM, y_IM); clean_prob = posterior of the high-mean component of a mixture on y",
         })
     }
 
@@ -568,33 +496,27 @@ impl Pipeline for Gsc {
     fn load_state(
         &mut self,
         state: &serde_json::Value,
-        pairs: Vec<(String, Vec<f32>)>,
+        pairs: &[(String, Vec<f32>)],
     ) -> Result<()> {
         let divisions: Option<Vec<Division>> = serde_json::from_value(state["divisions"].clone())
             .map_err(|e| {
-            candle_core::Error::Msg(format!("checkpoint state has no valid GSC divisions: {e}"))
+            Error::State(format!("checkpoint state has no valid GSC divisions: {e}"))
         })?;
         if let Some(d) = &divisions {
-            if d.len() != self.nets.len() {
-                candle_core::bail!(
+            if d.len() != self.params.networks {
+                return Err(Error::State(format!(
                     "checkpoint holds {} divisions for {} networks",
                     d.len(),
-                    self.nets.len()
-                );
+                    self.params.networks
+                )));
             }
         }
         self.divisions = divisions;
-        self.label_division =
-            serde_json::from_value(state["label_division"].clone()).map_err(|e| {
-                candle_core::Error::Msg(format!(
-                    "checkpoint state has no valid GSC label division: {e}"
-                ))
-            })?;
         for (name, v) in pairs {
             for (k, l) in self.labels.iter_mut().enumerate() {
-                if name == format!("y_cm_net{k}") {
+                if *name == format!("y_cm_net{k}") {
                     l.y_cm = v.clone();
-                } else if name == format!("y_im_net{k}") {
+                } else if *name == format!("y_im_net{k}") {
                     l.y_im = v.clone();
                 }
             }
@@ -606,6 +528,8 @@ impl Pipeline for Gsc {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
+    use ncclean_models::PairInputs;
     use ncclean_models::{ImageInputs, TextInputs};
 
     fn dev() -> Device {
@@ -659,7 +583,7 @@ mod tests {
     #[test]
     fn cross_modal_indicator_hand_computed() -> Result<()> {
         // y_CM = (row + col)/2 = [0.6125033, 0.3017698, 0.5636409]
-        let y: Vec<f32> = cross_modal_indicator(&s3(), 0.5)?.to_vec1()?;
+        let y: Vec<f32> = match_prob(&s3(), 0.5)?.to_vec1()?;
         let want: Vec<f64> = (0..3).map(|i| (ROW[i] + COL[i]) / 2.0).collect();
         close(&y, &want);
         close(&y, &[0.612_503_3, 0.301_769_8, 0.563_640_9]);
@@ -805,9 +729,11 @@ mod tests {
 
     #[test]
     fn trains_scores_and_round_trips_state() -> Result<()> {
+        use crate::pipeline::Pipeline;
+        use crate::runner::Runner;
         let data = tiny_data();
         for networks in [1, 2] {
-            let mut p = Gsc::new(tiny_cfg(networks), &tiny_model(), 7, &dev())?;
+            let mut p = Runner::<Gsc>::new(tiny_cfg(networks), &tiny_model(), 7, &dev())?;
             for e in 0..2 {
                 let st = p.run_epoch(e, &data, &mut crate::Silent)?;
                 assert!(st.loss.is_finite());
@@ -831,13 +757,13 @@ mod tests {
             assert!(a.clean_prob.iter().all(|x| (0.0..=1.0).contains(x)));
             assert!(a.soft_label.iter().all(|x| (0.0..=1.0).contains(x)));
 
-            let mut q = Gsc::new(tiny_cfg(networks), &tiny_model(), 7, &dev())?;
+            let mut q = Runner::<Gsc>::new(tiny_cfg(networks), &tiny_model(), 7, &dev())?;
             q.load_state(&p.state(), p.pair_state())?;
             // JSON may move a float by an ulp, so compare what the divisions say.
             let probe = [-0.5f32, 0.0, 0.3, 0.6, 0.9, 1.0];
             let (dq, dp) = (
-                q.divisions.as_ref().expect("loaded"),
-                p.divisions.as_ref().expect("fitted"),
+                q.method_ref().divisions.as_ref().expect("loaded"),
+                p.method_ref().divisions.as_ref().expect("fitted"),
             );
             assert_eq!(dq.len(), networks);
             for (x, y) in dq.iter().zip(dp) {
@@ -855,13 +781,13 @@ mod tests {
         let mut cfg = tiny_cfg(2);
         cfg.params
             .insert("networks".into(), toml::Value::Integer(3));
-        let e = Gsc::new(cfg, &tiny_model(), 0, &dev())
+        let e = Gsc::new(&cfg, &tiny_model())
             .err()
             .expect("networks = 3 accepted");
         assert!(e.to_string().contains("networks"), "{e}");
         let mut cfg = tiny_cfg(2);
         cfg.params.insert("tua1".into(), toml::Value::Float(0.1));
-        let e = Gsc::new(cfg, &tiny_model(), 0, &dev())
+        let e = Gsc::new(&cfg, &tiny_model())
             .err()
             .expect("unknown key accepted");
         assert!(e.to_string().contains("tua1"), "{e}");

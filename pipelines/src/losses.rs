@@ -2,6 +2,7 @@
 //! similarity matrix `S` (`S[i, j]` = image i against caption j).
 
 use candle_core::{DType, Result, Tensor, D};
+use ncclean_models::layers::log_softmax_last;
 
 /// Diagonal of a square matrix as a vector.
 pub fn diagonal(s: &Tensor) -> Result<Tensor> {
@@ -49,6 +50,32 @@ pub fn soft_margin_hinge(s: &Tensor, labels: &Tensor, alpha: f64, m: f64) -> Res
     let hardest_i = masked.max(0)?;
     let base = (margin - d)?;
     (&base + hardest_t)?.relu()? + (&base + hardest_i)?.relu()?
+}
+
+/// Log matching probabilities of every pair in a batch at temperature τ:
+/// `(log P¹_ii, log P²_ii)` with `P¹ = row_softmax(S/τ)` (image→text) and
+/// `P² = column_softmax(S/τ)` (text→image). The diagonals of the symmetric
+/// InfoNCE (GSC's `L_CM`, CRCL's active loss, ReCon's `L_CM`) and of `p_i`.
+pub fn match_log_diagonals(s: &Tensor, tau: f64) -> Result<(Tensor, Tensor)> {
+    let z = (s / tau)?;
+    Ok((
+        diagonal(&log_softmax_last(&z)?)?,
+        diagonal(&log_softmax_last(&z.t()?.contiguous()?)?)?,
+    ))
+}
+
+/// Matching probability `p_i = (P¹_ii + P²_ii)/2` of every pair in a batch
+/// (METHODS.md section 0): GSC's cross-modal indicator `y_CM`, CRCL's
+/// prediction, ReCon's pseudo-label target.
+pub fn match_prob(s: &Tensor, tau: f64) -> Result<Tensor> {
+    let (a, b) = match_log_diagonals(s, tau)?;
+    (a.exp()? + b.exp()?)? * 0.5
+}
+
+/// Per-pair symmetric InfoNCE `−(log P¹_ii + log P²_ii)/2`.
+pub fn symmetric_infonce(s: &Tensor, tau: f64) -> Result<Tensor> {
+    let (a, b) = match_log_diagonals(s, tau)?;
+    (a + b)? * -0.5
 }
 
 /// Mean of a vector, 0 for an empty one.
@@ -106,6 +133,29 @@ mod tests {
         close(&l, &[0.0, (a1 - 0.3 + 0.6) + (a1 - 0.3 + 0.5), 0.0]);
         let m: Vec<f32> = soft_margin(&labels, 0.2, 10.0)?.to_vec1()?;
         close(&m, &[0.2, a1, 0.0]);
+        Ok(())
+    }
+
+    #[test]
+    fn match_prob_and_infonce_hand_computed() -> Result<()> {
+        // S/τ with τ = 0.1: [[9, 5, 1], [2, 3, 6], [4, 0, 8]].
+        // r0 = e^9+e^5+e^1 = 8254.215, P¹_00 = 8103.084/8254.215 = 0.981690;
+        // c0 = e^9+e^2+e^4 = 8165.071, P²_00 = 0.992408 → p_0 = 0.987049.
+        // r1 = 430.903, P¹_11 = 20.086/430.903 = 0.046613;
+        // c1 = 169.499, P²_11 = 0.118500 → p_1 = 0.082556.
+        // r2 = 3036.556, P¹_22 = 0.981690; c2 = 3387.105, P²_22 = 0.880090 → p_2 = 0.930890.
+        let p: Vec<f32> = match_prob(&s3(), 0.1)?.to_vec1()?;
+        close(&p, &[0.987049, 0.082556, 0.930890]);
+        // InfoNCE: −(ln P¹_ii + ln P²_ii)/2.
+        let l: Vec<f32> = symmetric_infonce(&s3(), 0.1)?.to_vec1()?;
+        let want = [
+            -(0.981690f64.ln() + 0.992408f64.ln()) / 2.0,
+            -(0.046613f64.ln() + 0.118500f64.ln()) / 2.0,
+            -(0.981690f64.ln() + 0.880090f64.ln()) / 2.0,
+        ];
+        for (x, y) in l.iter().zip(want) {
+            assert!((f64::from(*x) - y).abs() < 1e-4, "{l:?} vs {want:?}");
+        }
         Ok(())
     }
 

@@ -5,15 +5,12 @@
 //! turns a trained pipeline and a set of pairs into per-pair results: `fit`
 //! ends by calling it, and `ncclean score` calls it on new data.
 
-use candle_core::{Result, Tensor};
+use candle_core::Tensor;
 use candle_nn::VarMap;
 use ncclean_models::PairInputs;
 use serde::{Deserialize, Serialize};
 
-use crate::net::Net;
-
-/// Pairs embedded per forward pass when embedding a whole dataset.
-const EMBED_CHUNK: usize = 512;
+use crate::error::Result;
 
 /// Per-pair results of scoring, aligned with the scored pairs.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -63,7 +60,9 @@ impl Observer for Silent {
     fn finish(&mut self) {}
 }
 
-/// A noisy-correspondence method.
+/// A trained or trainable method, as the engine drives it. The one
+/// implementation is [`crate::runner::Runner`]; methods implement
+/// [`crate::method::Method`].
 pub trait Pipeline {
     /// Method name as on the command line.
     fn method(&self) -> &'static str;
@@ -81,43 +80,14 @@ pub trait Pipeline {
     /// Per-pair results. With `refit`, the division is refitted on `data`
     /// instead of reusing the trained mixture.
     fn score(&self, data: &PairInputs, refit: bool, obs: &mut dyn Observer) -> Result<PairScores>;
-    /// The trainable networks (co-taught ones in order). Pipelines built on
-    /// [`Net`] return them here and get `embed`, `weights` and `weights_mut`.
-    fn nets(&self) -> Vec<&Net> {
-        Vec::new()
-    }
-    /// Mutable access to the networks of [`Pipeline::nets`].
-    fn nets_mut(&mut self) -> Vec<&mut Net> {
-        Vec::new()
-    }
     /// Joint-space embeddings `(images, captions)` of every pair, one entry
     /// per network (co-taught networks are averaged by the caller: at
     /// inference their similarity matrices are averaged). Used for retrieval.
-    fn embed(&self, data: &PairInputs) -> Result<Vec<(Tensor, Tensor)>> {
-        let nets = self.nets();
-        if nets.is_empty() {
-            candle_core::bail!("the {} pipeline does not expose embeddings", self.method());
-        }
-        nets.iter()
-            .map(|n| n.embed_all(data, EMBED_CHUNK))
-            .collect()
-    }
+    fn embed(&self, data: &PairInputs) -> Result<Vec<(Tensor, Tensor)>>;
     /// Named parameter sets (`net0`, `net1`, ...) for checkpoints.
-    fn weights(&self) -> Vec<(String, &VarMap)> {
-        self.nets()
-            .into_iter()
-            .enumerate()
-            .map(|(k, n)| (format!("net{k}"), n.varmap()))
-            .collect()
-    }
+    fn weights(&self) -> Vec<(String, &VarMap)>;
     /// Mutable parameter sets, to load a checkpoint into.
-    fn weights_mut(&mut self) -> Vec<(String, &mut VarMap)> {
-        self.nets_mut()
-            .into_iter()
-            .enumerate()
-            .map(|(k, n)| (format!("net{k}"), n.varmap_mut()))
-            .collect()
-    }
+    fn weights_mut(&mut self) -> Vec<(String, &mut VarMap)>;
     /// Method state (mixture parameters, counters) as JSON.
     fn state(&self) -> serde_json::Value;
     /// Per-pair label state (arrays aligned with the training pairs).

@@ -36,19 +36,20 @@
 //!   starts from its current `p_i` (the paper does not give ỹ⁰).
 //! - The paper does not co-teach; neither does this pipeline (one network).
 
-use candle_core::{Device, Result, Tensor, D};
+use candle_core::{Tensor, D};
 use ncclean_models::layers::log_softmax_last;
 use ncclean_models::rng::Rng;
-use ncclean_models::{ImageTowerConfig, LocalOptions, ModelConfig, PairInputs, TextTowerConfig};
+use ncclean_models::{ImageTowerConfig, ModelConfig, PairInputs, TextTowerConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::batches::shuffled_batches;
 use crate::config::TrainConfig;
-use crate::division::{CleanSide, Division};
-use crate::losses::{diagonal, per_sample_hinge};
+use crate::division::CleanSide;
+use crate::error::{Error, Result};
+use crate::losses::{match_prob, per_sample_hinge, symmetric_infonce};
+use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::net::Net;
-use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
-use crate::scoring::{for_each_shuffled_batch, pair_similarity, score_rng};
+use crate::pipeline::PairScores;
+use crate::scoring::{divide, for_each_shuffled_batch, pair_similarity};
 
 /// Added to masked logits so padded tokens never win an argmax or a softmax.
 const MASK_OFFSET: f64 = 1e4;
@@ -75,16 +76,6 @@ pub struct ReconParams {
     pub relation_tau: f64,
 }
 
-/// Build the ReCon pipeline.
-pub fn build(
-    cfg: TrainConfig,
-    model: &ModelConfig,
-    seed: u64,
-    device: &Device,
-) -> Result<Box<dyn Pipeline>> {
-    Ok(Box::new(Recon::new(cfg, model, seed, device)?))
-}
-
 /// Which part of the division a pair is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Part {
@@ -96,33 +87,16 @@ pub enum Part {
     Noisy,
 }
 
-/// `L_CM` per pair: `−(log P¹_ii + log P²_ii)/2` with `P¹ = row_softmax(S/τ)`
-/// and `P² = column_softmax(S/τ)`.
-pub fn infonce_per_pair(s: &Tensor, tau: f64) -> Result<Tensor> {
-    let z = (s / tau)?;
-    let rows = diagonal(&log_softmax_last(&z)?)?;
-    let cols = diagonal(&log_softmax_last(&z.t()?.contiguous()?)?)?;
-    (rows + cols)? * -0.5
-}
-
-/// Matching probability `p_i = (P¹_ii + P²_ii)/2` (METHODS.md section 0).
-pub fn matching_probability(s: &Tensor, tau: f64) -> Result<Tensor> {
-    let z = (s / tau)?;
-    let p1 = diagonal(&log_softmax_last(&z)?)?.exp()?;
-    let p2 = diagonal(&log_softmax_last(&z.t()?.contiguous()?)?)?.exp()?;
-    (p1 + p2)? * 0.5
-}
-
 /// The warm-up triplet loss, summed over the in-batch negatives (paper eq. 12):
 /// `Σ_j≠i [γ − S_ii + S_ij]+ + Σ_j≠i [γ − S_ii + S_ji]+`.
-pub fn triplet_sum(s: &Tensor, margin: f64) -> Result<Tensor> {
+pub fn triplet_sum(s: &Tensor, margin: f64) -> candle_core::Result<Tensor> {
     let n = s.dim(0)?;
     per_sample_hinge(s, margin)? * (n.max(2) - 1) as f64
 }
 
 /// Row-wise KL divergence `Σ_j P_j (log P_j − log Q_j)` between the row
 /// softmaxes of logits `p` and `q` (`[…, n]` → `[…]`).
-fn row_kl(p: &Tensor, q: &Tensor) -> Result<Tensor> {
+fn row_kl(p: &Tensor, q: &Tensor) -> candle_core::Result<Tensor> {
     let lp = log_softmax_last(p)?;
     let lq = log_softmax_last(q)?;
     (lp.exp()? * (&lp - lq)?)?.sum(D::Minus1)
@@ -138,7 +112,7 @@ pub fn intra_modal_loss(
     l: &Tensor,
     mask: &Tensor,
     relation_tau: f64,
-) -> Result<Tensor> {
+) -> candle_core::Result<Tensor> {
     let (b, p, _) = v.dims3()?;
     let t = l.dim(1)?;
     let lt = l.transpose(1, 2)?.contiguous()?;
@@ -234,12 +208,12 @@ pub fn recon_loss(
     l_im: &Tensor,
     weights_cm: &Tensor,
     weights_im: &Tensor,
-) -> Result<Tensor> {
+) -> candle_core::Result<Tensor> {
     (l_cm * weights_cm)? + (l_im * weights_im)?
 }
 
-/// Per-pair statistics of a whole data set.
-struct Stats {
+/// Per-pair statistics of a whole data set: a scoring pass.
+pub struct Stats {
     l_cm: Vec<f32>,
     l_im: Vec<f32>,
     p: Vec<f32>,
@@ -256,7 +230,7 @@ fn local_embed(
     data: &PairInputs,
     idx: &[usize],
     relation_tau: f64,
-) -> Result<(Tensor, Tensor, Tensor)> {
+) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
     let dev = net.device();
     let (gi, li, _) = net
         .model
@@ -271,84 +245,50 @@ fn local_forward(
     data: &PairInputs,
     idx: &[usize],
     relation_tau: f64,
-) -> Result<(Tensor, Tensor)> {
+) -> candle_core::Result<(Tensor, Tensor)> {
     let (gi, gt, im) = local_embed(net, data, idx, relation_tau)?;
     Ok((gi.matmul(&gt.t()?)?, im))
 }
 
-/// The ReCon pipeline.
+/// The ReCon method (one network with local heads).
 pub struct Recon {
-    cfg: TrainConfig,
     params: ReconParams,
-    seed: u64,
-    net: Net,
-    division: Option<Division>,
     /// Momentum pseudo labels ỹ of the pairs currently noisy (−1 = no history).
     labels: Vec<f32>,
+    /// This epoch's per-pair weights of `L_CM` and of `L_IM`.
+    w_cm: Vec<f32>,
+    w_im: Vec<f32>,
 }
 
 impl Recon {
-    /// A fresh pipeline; the model gets local heads and the configured pooling.
-    pub fn new(cfg: TrainConfig, model: &ModelConfig, seed: u64, device: &Device) -> Result<Self> {
-        let params: ReconParams = cfg
-            .method_params("recon")
-            .map_err(candle_core::Error::Msg)?;
-        // Fail before training rather than at the first batch.
-        let image_local = match model.image {
-            ImageTowerConfig::DemoCnn { .. } => true,
-            ImageTowerConfig::Precomputed { local_dim, .. } => local_dim.is_some(),
-        };
-        let text_local = match model.text {
-            TextTowerConfig::DemoBow { .. } => true,
-            TextTowerConfig::Precomputed { local_dim, .. } => local_dim.is_some(),
-        };
-        if !(image_local && text_local) {
-            candle_core::bail!(
-                "recon needs local features (image regions and caption tokens): the demo towers and the frozen \
-                 towers (mobilenet_v2, clip, minilm) provide them; precomputed embedding columns do not"
-            );
-        }
-        // The relation matrices need local heads whatever the pooling.
-        let model = ModelConfig {
-            head: LocalOptions {
-                local: true,
-                ..model.head
-            },
-            ..model.clone()
-        };
-        let net = Net::new(&model, seed, device, cfg.lr, cfg.grad_clip)?;
-        Ok(Recon {
-            cfg,
-            params,
-            seed,
-            net,
-            division: None,
-            labels: Vec::new(),
-        })
-    }
-
     /// `L_CM`, `p_i` (averaged over `division_shuffles` shuffled batchings
     /// from `rng`, as both depend on the batch) and `L_IM` of every pair,
     /// without training.
-    fn stats(&self, data: &PairInputs, rng: &mut Rng) -> Result<Stats> {
+    fn stats(
+        &self,
+        net: &Net,
+        data: &PairInputs,
+        cfg: &TrainConfig,
+        rng: &mut Rng,
+    ) -> Result<Stats> {
         let n = data.len();
         let all: Vec<usize> = (0..n).collect();
         // Embeddings and L_IM belong to one pair each: one pass over the
         // local features; only L_CM and p_i need the shuffled batches.
         let (mut vis, mut vts, mut l_im) = (Vec::new(), Vec::new(), Vec::with_capacity(n));
-        for chunk in all.chunks(self.cfg.batch_size.max(1)) {
-            let (gi, gt, im) = local_embed(&self.net, data, chunk, self.params.relation_tau)?;
+        for chunk in all.chunks(cfg.batch_size.max(1)) {
+            let (gi, gt, im) = local_embed(net, data, chunk, self.params.relation_tau)?;
             vis.push(gi.detach());
             vts.push(gt.detach());
             l_im.extend(im.detach().to_vec1::<f32>()?);
         }
         let (vi, vt) = (Tensor::cat(&vis, 0)?, Tensor::cat(&vts, 0)?);
         let similarity = pair_similarity(&vi, &vt)?;
-        let shuffles = self.cfg.division_shuffles.max(1);
+        let shuffles = cfg.division_shuffles.max(1);
         let (mut l_cm, mut p) = (vec![0f32; n], vec![0f32; n]);
-        for_each_shuffled_batch(&vi, &vt, self.cfg.batch_size, shuffles, rng, |b| {
-            let cm: Vec<f32> = infonce_per_pair(&b.s, self.params.tau)?.to_vec1()?;
-            let pb: Vec<f32> = matching_probability(&b.s, self.params.tau)?.to_vec1()?;
+        for_each_shuffled_batch(&vi, &vt, cfg.batch_size, shuffles, rng, |b| {
+            let cm: Vec<f32> = symmetric_infonce(&b.s, self.params.tau)?.to_vec1()?;
+            let pb: Vec<f32> = match_prob(&b.s, self.params.tau)?.to_vec1()?;
             for (j, &i) in b.idx.iter().enumerate() {
                 l_cm[i] += cm[j] / shuffles as f32;
                 p[i] += pb[j] / shuffles as f32;
@@ -362,164 +302,145 @@ impl Recon {
             similarity,
         })
     }
-
-    fn fit_division(&self, l_cm: &[f32]) -> Division {
-        Division::fit(l_cm, self.cfg.mixture, CleanSide::LowMean)
-    }
 }
 
-impl Pipeline for Recon {
-    fn method(&self) -> &'static str {
-        "recon"
-    }
+impl Method for Recon {
+    const NAME: &'static str = "recon";
+    type Pass = Stats;
 
-    fn total_epochs(&self) -> usize {
-        self.cfg.epochs
-    }
-
-    fn nets(&self) -> Vec<&Net> {
-        vec![&self.net]
-    }
-
-    fn nets_mut(&mut self) -> Vec<&mut Net> {
-        vec![&mut self.net]
-    }
-
-    fn run_epoch(
-        &mut self,
-        epoch: usize,
-        data: &PairInputs,
-        obs: &mut dyn Observer,
-    ) -> Result<EpochStats> {
-        self.net.set_lr(self.cfg.lr_at(epoch));
-        let n = data.len();
-        let mut rng = Rng::derive(self.seed, &format!("epoch-{epoch}"));
-        let warmup = epoch < self.cfg.warmup_epochs;
-        let prm = self.params.clone();
-        // per pair: weight of L_CM and weight of L_IM
-        let (w_cm, w_im, clean_fraction, stage) = if warmup {
-            (Vec::new(), Vec::new(), None, "warm-up".to_string())
-        } else {
-            let st = self.stats(data, &mut rng)?;
-            let div = self.fit_division(&st.l_cm);
-            let y_cm = div.clean_prob(&st.l_cm);
-            let y_ims: Vec<f32> = st.l_im.iter().map(|&v| y_im(v)).collect();
-            let parts = partition(&y_cm, &y_ims, prm.omega1, prm.omega2);
-            if self.labels.len() != n {
-                self.labels = vec![NO_HISTORY; n];
-            }
-            let labels = update_labels(&parts, &self.labels, &st.p, prm.beta);
-            // keep momentum history only for pairs currently noisy
-            self.labels = parts
-                .iter()
-                .zip(&labels)
-                .map(|(part, &y)| if *part == Part::Noisy { y } else { NO_HISTORY })
-                .collect();
-            let mut w_cm = vec![0f32; n];
-            let mut w_im = vec![0f32; n];
-            for i in 0..n {
-                match parts[i] {
-                    Part::Clean => (w_cm[i], w_im[i]) = (prm.xi as f32, 1.0),
-                    Part::Local => {
-                        (w_cm[i], w_im[i]) = (prm.xi as f32, 1.0 / penalty(y_ims[i], prm.alpha))
-                    }
-                    Part::Noisy => (w_cm[i], w_im[i]) = (labels[i], 0.0),
-                }
-            }
-            let count = |k: Part| parts.iter().filter(|p| **p == k).count();
-            let (c, l) = (count(Part::Clean), count(Part::Local));
-            // The split between D_c and D_l has no field in EpochStats; the
-            // stage name carries it into the logs.
-            let stage = format!(
-                "train ({c} clean, {l} locally associated, {} noisy)",
-                n - c - l
-            );
-            (w_cm, w_im, Some((c + l) as f64 / n.max(1) as f64), stage)
+    /// Fails unless both towers give local features and the model has local
+    /// heads (the registry marks recon as needing them, so
+    /// [`crate::config::model_config`] builds them).
+    fn new(cfg: &TrainConfig, model: &ModelConfig) -> Result<Self> {
+        let params: ReconParams = cfg.method_params("recon").map_err(Error::Config)?;
+        let image_local = match model.image {
+            ImageTowerConfig::DemoCnn { .. } => true,
+            ImageTowerConfig::Precomputed { local_dim, .. } => local_dim.is_some(),
         };
-        let all: Vec<usize> = (0..n).collect();
-        let batches = shuffled_batches(&all, self.cfg.batch_size, &mut rng);
-        obs.start(&stage, batches.len() as u64);
-        let mut total = 0f64;
-        for b in &batches {
-            let loss = if warmup {
-                let s = local_forward(&self.net, data, b, prm.relation_tau)?.0;
-                triplet_sum(&s, self.cfg.margin)?.mean_all()?
-            } else {
-                let (s, im) = local_forward(&self.net, data, b, prm.relation_tau)?;
-                let cm = infonce_per_pair(&s, prm.tau)?;
-                let dev = self.net.device();
-                let wc =
-                    Tensor::from_vec(b.iter().map(|&i| w_cm[i]).collect::<Vec<_>>(), b.len(), dev)?;
-                let wi =
-                    Tensor::from_vec(b.iter().map(|&i| w_im[i]).collect::<Vec<_>>(), b.len(), dev)?;
-                recon_loss(&cm, &im, &wc, &wi)?.mean_all()?
-            };
-            total += loss.to_scalar::<f32>()? as f64;
-            self.net.step(&loss)?;
-            obs.advance(1);
+        let text_local = match model.text {
+            TextTowerConfig::DemoBow { .. } => true,
+            TextTowerConfig::Precomputed { local_dim, .. } => local_dim.is_some(),
+        };
+        if !(image_local && text_local) {
+            return Err(Error::Config(
+                "recon needs local features (image regions and caption tokens): the demo towers and the frozen \
+                 towers (mobilenet_v2, clip, minilm) provide them; precomputed embedding columns do not"
+                    .into(),
+            ));
         }
-        obs.finish();
-        Ok(EpochStats {
-            epoch,
-            phase: if warmup { "warmup" } else { "train" }.to_string(),
-            loss: total / batches.len().max(1) as f64,
-            clean_fraction,
-            pairs: n,
+        if !model.head.local {
+            return Err(Error::Config(
+                "recon needs a model with local heads; build its model with config::model_config"
+                    .into(),
+            ));
+        }
+        Ok(Recon {
+            params,
+            labels: Vec::new(),
+            w_cm: Vec::new(),
+            w_im: Vec::new(),
         })
     }
 
-    fn finalize(&mut self, data: &PairInputs, obs: &mut dyn Observer) -> Result<()> {
-        obs.start("final division", 1);
-        let st = self.stats(data, &mut score_rng(self.seed))?;
-        self.division = Some(self.fit_division(&st.l_cm));
-        obs.advance(1);
-        obs.finish();
-        Ok(())
+    /// The warm-up triplet loss summed over the in-batch negatives (eq. 12).
+    fn warmup_loss(&mut self, b: &Batch) -> Result<Tensor> {
+        let s = local_forward(b.net, b.data, b.idx, self.params.relation_tau)?.0;
+        Ok(triplet_sum(&s, b.cfg.margin)?.mean_all()?)
     }
 
-    fn score(&self, data: &PairInputs, refit: bool, obs: &mut dyn Observer) -> Result<PairScores> {
-        obs.start("scoring", 1);
-        let st = self.stats(data, &mut score_rng(self.seed))?;
-        let refitted;
-        let div = if refit {
-            refitted = self.fit_division(&st.l_cm);
-            &refitted
-        } else {
-            self.division.as_ref().ok_or_else(|| {
-                candle_core::Error::Msg(
-                    "this pipeline has no fitted division; run fit first".into(),
-                )
-            })?
+    fn plan(&mut self, ctx: &mut EpochCtx) -> Result<Plan> {
+        let n = ctx.data.len();
+        let prm = self.params.clone();
+        let st = self.stats(&ctx.nets[0], ctx.data, ctx.cfg, ctx.rng)?;
+        let y_cm = divide(&st.l_cm, ctx.cfg, CleanSide::LowMean);
+        let y_ims: Vec<f32> = st.l_im.iter().map(|&v| y_im(v)).collect();
+        let parts = partition(&y_cm, &y_ims, prm.omega1, prm.omega2);
+        if self.labels.len() != n {
+            self.labels = vec![NO_HISTORY; n];
+        }
+        let labels = update_labels(&parts, &self.labels, &st.p, prm.beta);
+        // keep momentum history only for pairs currently noisy
+        self.labels = parts
+            .iter()
+            .zip(&labels)
+            .map(|(part, &y)| if *part == Part::Noisy { y } else { NO_HISTORY })
+            .collect();
+        self.w_cm = vec![0f32; n];
+        self.w_im = vec![0f32; n];
+        for i in 0..n {
+            (self.w_cm[i], self.w_im[i]) = match parts[i] {
+                Part::Clean => (prm.xi as f32, 1.0),
+                Part::Local => (prm.xi as f32, 1.0 / penalty(y_ims[i], prm.alpha)),
+                Part::Noisy => (labels[i], 0.0),
+            };
+        }
+        let count = |k: Part| parts.iter().filter(|p| **p == k).count();
+        let (c, l) = (count(Part::Clean), count(Part::Local));
+        // The split between D_c and D_l has no field in EpochStats; the
+        // phase name carries it into the logs.
+        Ok(Plan {
+            train: vec![(0..n).collect()],
+            phase: format!(
+                "train ({c} clean, {l} locally associated, {} noisy)",
+                n - c - l
+            ),
+            clean_fraction: Some((c + l) as f64 / n.max(1) as f64),
+        })
+    }
+
+    fn batch_loss(&mut self, b: &Batch) -> Result<Tensor> {
+        let (s, im) = local_forward(b.net, b.data, b.idx, self.params.relation_tau)?;
+        let cm = symmetric_infonce(&s, self.params.tau)?;
+        let dev = b.net.device();
+        let pick = |w: &[f32]| {
+            Tensor::from_vec(
+                b.idx.iter().map(|&i| w[i]).collect::<Vec<_>>(),
+                b.idx.len(),
+                dev,
+            )
         };
-        let clean_prob = div.clean_prob(&st.l_cm);
-        // The label rule once: D_c ∪ D_l → 1, D_n → p_i (no momentum history).
+        let (wc, wi) = (pick(&self.w_cm)?, pick(&self.w_im)?);
+        Ok(recon_loss(&cm, &im, &wc, &wi)?.mean_all()?)
+    }
+
+    fn clean_side(&self) -> CleanSide {
+        CleanSide::LowMean
+    }
+
+    fn score_pass(&self, ctx: &ScoreCtx) -> Result<Stats> {
+        self.stats(&ctx.nets[0], ctx.data, ctx.cfg, &mut ctx.streams.score())
+    }
+
+    fn statistic(pass: &Stats) -> &[f32] {
+        &pass.l_cm
+    }
+
+    /// The label rule once: D_c ∪ D_l → 1, D_n → p_i (no momentum history).
+    fn scores(&self, pass: Stats, clean_prob: Vec<f32>, _cfg: &TrainConfig) -> PairScores {
         let soft_label = clean_prob
             .iter()
-            .zip(&st.p)
+            .zip(&pass.p)
             .map(|(&c, &p)| {
-                if (c as f64) > self.params.omega1 {
+                if f64::from(c) > self.params.omega1 {
                     1.0
                 } else {
                     p
                 }
             })
             .collect();
-        obs.advance(1);
-        obs.finish();
-        Ok(PairScores {
+        PairScores {
             clean_prob,
             soft_label,
-            similarity: st.similarity,
-            statistic: st.l_cm,
-        })
+            similarity: pass.similarity,
+            statistic: pass.l_cm,
+        }
     }
 
     fn state(&self) -> serde_json::Value {
         serde_json::json!({
-            "division": self.division,
             "division_statistic": format!(
-                "per-pair symmetric InfoNCE L_CM (tau {}) averaged over {} shuffles of batch {}",
-                self.params.tau, self.cfg.division_shuffles, self.cfg.batch_size
+                "per-pair symmetric InfoNCE L_CM (tau {}) averaged over division_shuffles shuffles",
+                self.params.tau
             ),
             "soft_label_rule": "1 if clean_prob > omega1 else p_i, applied once on the scored data",
         })
@@ -531,16 +452,11 @@ impl Pipeline for Recon {
 
     fn load_state(
         &mut self,
-        state: &serde_json::Value,
-        pairs: Vec<(String, Vec<f32>)>,
+        _state: &serde_json::Value,
+        pairs: &[(String, Vec<f32>)],
     ) -> Result<()> {
-        self.division = serde_json::from_value(state["division"].clone()).map_err(|e| {
-            candle_core::Error::Msg(format!("checkpoint state has no valid division: {e}"))
-        })?;
-        for (name, v) in pairs {
-            if name == "pseudo_labels" {
-                self.labels = v;
-            }
+        if let Some((_, v)) = pairs.iter().find(|(n, _)| n == "pseudo_labels") {
+            self.labels = v.clone();
         }
         Ok(())
     }
@@ -549,7 +465,9 @@ impl Pipeline for Recon {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
     use candle_core::Var;
+    use ncclean_models::LocalOptions;
     use ncclean_models::Pooling;
 
     fn close(a: &[f32], b: &[f32]) {
@@ -577,9 +495,9 @@ mod tests {
         // Pair 1: row [2, 3, 6] → −ln(e⁻¹ + 1 + e³) = −3.3490; column [5, 3, 0] → −2.1498;
         //   L_CM = 2.59936. Pair 2: row [4, 0, 8] → −0.018150; column [1, 6, 8] → −0.128060; L_CM = 0.073105.
         // p_i = (P¹_ii + P²_ii)/2 = [0.987049, 0.082556, 0.930890].
-        let l: Vec<f32> = infonce_per_pair(&s3(), 0.1)?.to_vec1()?;
+        let l: Vec<f32> = symmetric_infonce(&s3(), 0.1)?.to_vec1()?;
         close(&l, &[0.01305001, 2.5993646, 0.07310509]);
-        let p: Vec<f32> = matching_probability(&s3(), 0.1)?.to_vec1()?;
+        let p: Vec<f32> = match_prob(&s3(), 0.1)?.to_vec1()?;
         close(&p, &[0.9870493, 0.08255614, 0.9308903]);
         Ok(())
     }
@@ -694,7 +612,7 @@ mod tests {
             hidden: 4,
             head: Default::default(),
         };
-        let err = build(cfg, &model, 0, &Device::Cpu)
+        let err = Recon::new(&cfg, &model)
             .err()
             .expect("must fail")
             .to_string();
@@ -730,7 +648,7 @@ mod tests {
             texts: TextInputs::Tokens(vec![vec![2, 3], vec![4, 5, 6], vec![7, 8, 9, 10]]),
         };
         let (s, im) = local_forward(&net, &data, &[0, 1, 2], 1.0)?;
-        let cm = infonce_per_pair(&s, 0.1)?;
+        let cm = symmetric_infonce(&s, 0.1)?;
         let wc = Tensor::new(&[5f32, 5.0, 0.5], &dev)?;
         let wi = Tensor::new(&[1f32, 0.5, 0.0], &dev)?;
         let loss = recon_loss(&cm, &im, &wc, &wi)?.mean_all()?;

@@ -3,14 +3,51 @@
 
 use candle_core::{Result, Tensor};
 use ncclean_models::rng::Rng;
+use ncclean_models::PairInputs;
 
 use crate::batches::shuffled_batches;
+use crate::config::TrainConfig;
+use crate::division::{CleanSide, Division};
 use crate::losses::per_sample_hinge;
+use crate::net::Net;
+use crate::runner::EMBED_CHUNK;
 
-/// The shuffle stream of final scoring: fixed per seed, so `fit`'s labels
-/// and `ncclean score` on the same data see the same batches.
-pub fn score_rng(seed: u64) -> Rng {
-    Rng::derive(seed, "score-shuffles")
+/// A division statistic and the similarity `S_ii` of every pair, from one
+/// pass over a dataset.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StatPass {
+    /// The statistic the mixture is fitted on.
+    pub statistic: Vec<f32>,
+    /// `S_ii`.
+    pub similarity: Vec<f32>,
+}
+
+/// Fit the configured mixture on `stat` and return every pair's clean
+/// posterior (the per-epoch division of vanilla, ESC and ReCon).
+pub fn divide(stat: &[f32], cfg: &TrainConfig, side: CleanSide) -> Vec<f32> {
+    Division::fit(stat, cfg.mixture, side).clean_prob(stat)
+}
+
+/// The NCR per-sample hinge of every pair under `net` ([`hinge_statistic`]
+/// with the configured batch size, shuffles and margin), with `S_ii`.
+pub fn hinge_pass(
+    net: &Net,
+    data: &PairInputs,
+    cfg: &TrainConfig,
+    rng: &mut Rng,
+) -> Result<StatPass> {
+    let (vi, vt) = net.embed_all(data, EMBED_CHUNK)?;
+    Ok(StatPass {
+        statistic: hinge_statistic(
+            &vi,
+            &vt,
+            cfg.batch_size,
+            cfg.division_shuffles,
+            cfg.margin,
+            rng,
+        )?,
+        similarity: pair_similarity(&vi, &vt)?,
+    })
 }
 
 /// Similarity of each pair with itself, `S_ii`, from full-dataset embeddings.

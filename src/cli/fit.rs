@@ -20,8 +20,10 @@ pub struct FitArgs {
     pub encoders: EncoderArgs,
     #[command(flatten)]
     pub cache: CacheArgs,
-    /// Method: vanilla (NCR-like reference), esc, gsc, crcl, recon (needs local features: demo or frozen towers, not embedding columns). Defaults in pipelines/presets/<method>.toml.
-    #[arg(long, default_value = "vanilla", value_parser = clap::builder::PossibleValuesParser::new(ncclean_pipelines::METHODS))]
+    /// Noisy-correspondence method. Each one's defaults are its paper's, in
+    /// pipelines/presets/<method>.toml; recon needs local features (demo or
+    /// frozen towers, not embedding columns).
+    #[arg(long, default_value = "vanilla", value_parser = method_names())]
     pub method: String,
     /// Run directory: run.json, checkpoint/, labels.parquet, filtered.parquet, stats.json.
     #[arg(long, value_name = "DIR")]
@@ -58,6 +60,15 @@ pub struct FitArgs {
     /// Device: cpu, cuda or cuda:N (CUDA needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+}
+
+/// The `--method` choices with their one-line summaries, from the registry.
+fn method_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(
+        ncclean_pipelines::registry::METHODS
+            .iter()
+            .map(|m| clap::builder::PossibleValue::new(m.name).help(m.summary)),
+    )
 }
 
 /// Flags that override the configuration, as a partial TOML table.
