@@ -792,9 +792,8 @@ fn label_rows(
 
 /// Short hash of the resolved configuration.
 pub fn config_hash(cfg: &TrainConfig) -> String {
-    use sha2::{Digest, Sha256};
     let s = serde_json::to_string(cfg).unwrap_or_default();
-    checkpoint::hex(&Sha256::digest(s.as_bytes()))[..16].to_string()
+    crate::hex::sha256_hex(s.as_bytes())[..16].to_string()
 }
 
 /// What `fit` was asked to do.

@@ -136,7 +136,7 @@ struct Store {
 
 impl Store {
     fn open(root: &Path, tag: &str) -> Result<Store> {
-        let dir = root.join(&crate::checkpoint::hex(&Sha256::digest(tag.as_bytes()))[..24]);
+        let dir = root.join(&crate::hex::sha256_hex(tag.as_bytes())[..24]);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create feature cache {}", dir.display()))?;
         let tag_file = dir.join("tower.txt");

@@ -14,6 +14,7 @@ pub mod encoders;
 pub mod engine;
 pub mod error;
 pub mod features;
+pub mod hex;
 pub mod metrics;
 pub mod progress;
 pub mod retrieval;
