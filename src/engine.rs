@@ -124,7 +124,7 @@ fn decode_parallel(
     values: &[Option<&ImageValue>],
     spec: ImageSpec,
 ) -> Vec<std::result::Result<ImageOut, String>> {
-    features::parallel_map(values, |v| match v {
+    crate::parallel::parallel_map(values, |v| match v {
         // A decoder bug on one malformed image must not end the whole run.
         Some(v) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode_image(v, spec)))
             .unwrap_or_else(|_| Err("the image decoder crashed on this image".to_string())),

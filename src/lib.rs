@@ -16,6 +16,7 @@ pub mod error;
 pub mod features;
 pub mod hex;
 pub mod metrics;
+pub(crate) mod parallel;
 pub mod progress;
 pub mod retrieval;
 
