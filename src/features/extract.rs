@@ -6,12 +6,13 @@ use std::time::Instant;
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
+use ncclean_models::preprocess::ImagePreprocess;
 
 use super::side::{Side, SideFeatures};
 use super::store::{key_of, CacheOptions, Key};
 use ncclean_pipelines::Observer;
 
-use crate::data::{ImageValue, InputSet};
+use crate::data::{ImageValue, InputSet, PairRow};
 use crate::encoders::{ImageTower, TextTower};
 use crate::error::Result;
 use crate::parallel::parallel_map;
@@ -44,6 +45,8 @@ fn image_bytes(v: &ImageValue) -> std::result::Result<Vec<u8>, String> {
 
 /// Extract (or load from the cache) features of every row of `input`; with
 /// `want_local`, also the local features (grid cells / patches, tokens).
+/// Streams `input` once; a caller that reads the rows itself feeds them to
+/// an [`Extraction`] instead.
 pub fn extract(
     input: &InputSet,
     image: Option<&ImageTower>,
@@ -53,37 +56,84 @@ pub fn extract(
     device: &Device,
     rep: &Reporter,
 ) -> Result<Extracted> {
-    let rows = input.num_rows();
-    let root = cache.dir.as_ref();
-    let mut img = match image {
-        Some(t) => Some(Side::new(
-            root,
-            &format!("image|{}", t.cache_tag()),
-            rows,
-            false,
-            want_local.then(|| t.local_dim()),
-        )?),
-        None => None,
-    };
-    let mut txt = match text {
-        Some(t) => Some(Side::new(
-            root,
-            &format!("text|{}", t.cache_tag()),
-            rows,
-            true,
-            want_local.then(|| t.local_dim()),
-        )?),
-        None => None,
-    };
-    let preprocess = image.map(|t| t.preprocess());
-    let mut pending_img: Vec<(Key, Vec<f32>)> = Vec::new();
-    let mut pending_txt: Vec<(Key, String)> = Vec::new();
+    let mut ex = Extraction::new(input, image, text, want_local, cache, device)?;
     let mut obs = rep.observer();
-    obs.start("encoding", rows as u64);
-    let mut base = 0usize;
+    obs.start("encoding", input.num_rows() as u64);
     for batch in input.pairs(READ_ROWS) {
         let batch = batch?;
-        if let (Some(tower), Some(pre), Some(side)) = (image, preprocess.as_ref(), img.as_mut()) {
+        ex.push(&batch)?;
+        obs.advance(batch.len() as u64);
+    }
+    obs.finish();
+    ex.finish(rep)
+}
+
+/// Feature extraction fed batch by batch with the rows of an input, in
+/// order: distinct images and captions are decoded and encoded as the rows
+/// arrive (or found in the cache), and [`Extraction::finish`] returns every
+/// row's features.
+pub struct Extraction<'a> {
+    image: Option<(&'a ImageTower, ImagePreprocess)>,
+    text: Option<&'a TextTower>,
+    img: Option<Side>,
+    txt: Option<Side>,
+    pending_img: Vec<(Key, Vec<f32>)>,
+    pending_txt: Vec<(Key, String)>,
+    device: Device,
+    /// Input row of the next batch's first row.
+    base: usize,
+}
+
+impl<'a> Extraction<'a> {
+    /// An extraction for the rows of `input` through the given towers, with
+    /// local features when `want_local`.
+    pub fn new(
+        input: &InputSet,
+        image: Option<&'a ImageTower>,
+        text: Option<&'a TextTower>,
+        want_local: bool,
+        cache: &CacheOptions,
+        device: &Device,
+    ) -> Result<Extraction<'a>> {
+        let rows = input.num_rows();
+        let root = cache.dir.as_ref();
+        let img = match image {
+            Some(t) => Some(Side::new(
+                root,
+                &format!("image|{}", t.cache_tag()),
+                rows,
+                false,
+                want_local.then(|| t.local_dim()),
+            )?),
+            None => None,
+        };
+        let txt = match text {
+            Some(t) => Some(Side::new(
+                root,
+                &format!("text|{}", t.cache_tag()),
+                rows,
+                true,
+                want_local.then(|| t.local_dim()),
+            )?),
+            None => None,
+        };
+        Ok(Extraction {
+            image: image.map(|t| (t, t.preprocess())),
+            text,
+            img,
+            txt,
+            pending_img: Vec::new(),
+            pending_txt: Vec::new(),
+            device: device.clone(),
+            base: 0,
+        })
+    }
+
+    /// Take the next batch of input rows: rows with a problem are passed
+    /// over, new images and captions are queued and encoded in full batches.
+    pub fn push(&mut self, batch: &[PairRow]) -> Result<()> {
+        let base = self.base;
+        if let (Some((tower, pre)), Some(side)) = (self.image.as_ref(), self.img.as_mut()) {
             let mut todo: Vec<(Key, Vec<u8>)> = Vec::new();
             for (k, r) in batch.iter().enumerate() {
                 let Some(v) = r.image.as_ref().filter(|_| r.problem.is_none()) else {
@@ -106,47 +156,57 @@ pub fn extract(
             });
             for ((key, _), d) in todo.into_iter().zip(decoded) {
                 match d {
-                    Ok(px) => pending_img.push((key, px)),
+                    Ok(px) => self.pending_img.push((key, px)),
                     Err(e) => side.fail(key, e),
                 }
             }
-            while pending_img.len() >= IMAGE_BATCH {
-                let chunk: Vec<_> = pending_img.drain(..IMAGE_BATCH).collect();
-                encode_images(tower, pre.size as usize, &chunk, side, device)?;
+            while self.pending_img.len() >= IMAGE_BATCH {
+                let chunk: Vec<_> = self.pending_img.drain(..IMAGE_BATCH).collect();
+                encode_images(tower, pre.size as usize, &chunk, side, &self.device)?;
             }
         }
-        if let (Some(tower), Some(side)) = (text, txt.as_mut()) {
+        if let (Some(tower), Some(side)) = (self.text, self.txt.as_mut()) {
             for (k, r) in batch.iter().enumerate() {
                 if r.problem.is_none() {
                     let key = key_of(r.caption.as_bytes());
                     if side.assign(base + k, key) {
-                        pending_txt.push((key, r.caption.clone()));
+                        self.pending_txt.push((key, r.caption.clone()));
                     }
                 }
             }
-            while pending_txt.len() >= TEXT_BATCH {
-                let chunk: Vec<_> = pending_txt.drain(..TEXT_BATCH).collect();
+            while self.pending_txt.len() >= TEXT_BATCH {
+                let chunk: Vec<_> = self.pending_txt.drain(..TEXT_BATCH).collect();
                 encode_texts(tower, &chunk, side)?;
             }
         }
-        base += batch.len();
-        obs.advance(batch.len() as u64);
+        self.base += batch.len();
+        Ok(())
     }
-    if let (Some(tower), Some(pre), Some(side)) = (image, preprocess.as_ref(), img.as_mut()) {
-        if !pending_img.is_empty() {
-            encode_images(tower, pre.size as usize, &pending_img, side, device)?;
+
+    /// Encode what is still queued, close the cache shards and return every
+    /// row's features.
+    pub fn finish(mut self, rep: &Reporter) -> Result<Extracted> {
+        if let (Some((tower, pre)), Some(side)) = (self.image.as_ref(), self.img.as_mut()) {
+            if !self.pending_img.is_empty() {
+                encode_images(
+                    tower,
+                    pre.size as usize,
+                    &self.pending_img,
+                    side,
+                    &self.device,
+                )?;
+            }
         }
-    }
-    if let (Some(tower), Some(side)) = (text, txt.as_mut()) {
-        if !pending_txt.is_empty() {
-            encode_texts(tower, &pending_txt, side)?;
+        if let (Some(tower), Some(side)) = (self.text, self.txt.as_mut()) {
+            if !self.pending_txt.is_empty() {
+                encode_texts(tower, &self.pending_txt, side)?;
+            }
         }
+        Ok(Extracted {
+            image: self.img.map(|s| s.finish(rep, "images")).transpose()?,
+            text: self.txt.map(|s| s.finish(rep, "captions")).transpose()?,
+        })
     }
-    obs.finish();
-    Ok(Extracted {
-        image: img.map(|s| s.finish(rep, "images")).transpose()?,
-        text: txt.map(|s| s.finish(rep, "captions")).transpose()?,
-    })
 }
 
 fn encode_images(

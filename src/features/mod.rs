@@ -30,6 +30,6 @@ mod extract;
 mod side;
 mod store;
 
-pub use extract::{extract, Extracted};
+pub use extract::{extract, Extracted, Extraction};
 pub use side::{SideFeatures, SideLocal, NONE};
 pub use store::{CacheOptions, Key};
