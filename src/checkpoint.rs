@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 
 use crate::data::ColumnMap;
 use crate::error::{invalid, Result};
+use crate::hex::hex;
 
 /// Version of the checkpoint layout; bumped on incompatible changes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -180,9 +181,4 @@ pub fn sha256(dir: &Path) -> Result<String> {
         h.update(std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?);
     }
     Ok(hex(&h.finalize()))
-}
-
-/// Lower-case hex of bytes.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -11,7 +11,6 @@ use ncclean_models::clip_tower::ClipTower;
 use ncclean_models::mobilenet_v2::MobileNetV2;
 use ncclean_models::preprocess::ImagePreprocess;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::data::{ImageKind, InputSet};
 use crate::error::{invalid, Error, Result};
@@ -319,5 +318,5 @@ impl TextTower {
 fn file_sha256(path: &Path) -> Result<String> {
     let bytes =
         std::fs::read(path).map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
-    Ok(crate::checkpoint::hex(&Sha256::digest(&bytes))[..16].to_string())
+    Ok(crate::hex::sha256_hex(&bytes)[..16].to_string())
 }

@@ -14,7 +14,9 @@ pub mod encoders;
 pub mod engine;
 pub mod error;
 pub mod features;
+pub mod hex;
 pub mod metrics;
+pub(crate) mod parallel;
 pub mod progress;
 pub mod retrieval;
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use arrow_array::builder::{Float32Builder, ListBuilder};
 use arrow_array::{Array, ArrayRef, BinaryArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
+use common::snapshot::assert_snapshot;
 use common::{demo, eval_json, ncclean, ok, p};
 use ncclean::data::{read_labels, LabelRow, RowStatus};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -232,9 +233,7 @@ fn any_method_runs_on_the_gpo_head_and_score_rebuilds_it() {
     assert_eq!(read_labels(&scored).unwrap().0, labels);
     // an unknown head is a usage error that lists the choices
     let out = ncclean(&["fit", p(&data), "--out-dir", p(&run), "--head", "max"]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("mean") && err.contains("gpo"), "{err}");
+    assert_snapshot("fit_unknown_head", &out, tmp.path());
 }
 
 /// The demo data with row 5's image replaced by garbage bytes and row 7's
@@ -398,14 +397,13 @@ fn nan_embedding_row_is_skipped_and_embeddings_train() {
 
     // Embedding columns have no regions: recon and the GPO head refuse them
     // up front (usage error, exit 2) and say what would work.
-    for extra in [&["--method", "recon"][..], &["--head", "gpo"][..]] {
+    for (name, extra) in [
+        ("fit_recon_on_embeddings", &["--method", "recon"][..]),
+        ("fit_gpo_head_on_embeddings", &["--head", "gpo"][..]),
+    ] {
         let mut args = vec!["fit", p(&path), "--out-dir", p(&run)];
         args.extend_from_slice(extra);
-        let out = ncclean(&args);
-        assert_eq!(out.status.code(), Some(2), "{extra:?}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("need local features"), "{err}");
-        assert!(err.contains("--image-encoder mobilenet_v2"), "{err}");
+        assert_snapshot(name, &ncclean(&args), tmp.path());
     }
 }
 
@@ -427,12 +425,7 @@ fn missing_caption_column_exits_3_with_a_useful_message() {
         ],
     );
     let out = ncclean(&["fit", p(&path), "--out-dir", p(&tmp.path().join("run"))]);
-    assert_eq!(out.status.code(), Some(3));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("nocap.parquet") && err.contains("caption") && err.contains("--caption-col"),
-        "{err}"
-    );
+    assert_snapshot("fit_missing_caption_column", &out, tmp.path());
     assert!(!tmp.path().join("run").join("labels.parquet").exists());
 }
 
@@ -441,48 +434,66 @@ fn empty_and_non_parquet_files_exit_3() {
     let tmp = tempfile::tempdir().unwrap();
     let empty = tmp.path().join("empty.parquet");
     File::create(&empty).unwrap();
-    for cmd in ["inspect", "fit"] {
-        let mut args = vec![cmd, p(&empty)];
-        let run = tmp.path().join("run");
-        if cmd == "fit" {
-            args.extend(["--out-dir", p(&run)]);
-        }
-        let out = ncclean(&args);
-        assert_eq!(
-            out.status.code(),
-            Some(3),
-            "{cmd}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(String::from_utf8_lossy(&out.stderr).contains("empty.parquet"));
-    }
+    let run = tmp.path().join("run");
+    assert_snapshot(
+        "inspect_empty_file",
+        &ncclean(&["inspect", p(&empty)]),
+        tmp.path(),
+    );
+    assert_snapshot(
+        "fit_empty_file",
+        &ncclean(&["fit", p(&empty), "--out-dir", p(&run)]),
+        tmp.path(),
+    );
     let text = tmp.path().join("notes.parquet");
     std::fs::write(&text, "hello, not parquet").unwrap();
-    assert_eq!(ncclean(&["inspect", p(&text)]).status.code(), Some(3));
-    assert_eq!(
-        ncclean(&["inspect", p(&tmp.path().join("missing.parquet"))])
-            .status
-            .code(),
-        Some(3)
+    assert_snapshot(
+        "inspect_not_parquet",
+        &ncclean(&["inspect", p(&text)]),
+        tmp.path(),
     );
+    let missing = tmp.path().join("missing.parquet");
+    assert_snapshot(
+        "inspect_missing_file",
+        &ncclean(&["inspect", p(&missing)]),
+        tmp.path(),
+    );
+    assert_snapshot(
+        "fit_missing_file",
+        &ncclean(&["fit", p(&missing), "--out-dir", p(&run)]),
+        tmp.path(),
+    );
+    assert!(!run.join("labels.parquet").exists());
 }
 
 #[test]
 fn usage_errors_exit_2() {
     let tmp = tempfile::tempdir().unwrap();
     let data = demo(tmp.path(), 20);
-    let out = ncclean(&[
-        "fit",
-        p(&data),
-        "--out-dir",
-        p(&tmp.path().join("r")),
-        "--device",
-        "cuda",
-    ]);
+    let run = tmp.path().join("r");
+    let fit = |extra: &[&str]| {
+        let mut args = vec!["fit", p(&data), "--out-dir", p(&run)];
+        args.extend_from_slice(extra);
+        ncclean(&args)
+    };
     if cfg!(not(feature = "cuda")) {
-        assert_eq!(out.status.code(), Some(2));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("--features cuda"));
+        assert_snapshot(
+            "fit_cuda_on_cpu_build",
+            &fit(&["--device", "cuda"]),
+            tmp.path(),
+        );
     }
+    assert_snapshot(
+        "fit_unknown_method",
+        &fit(&["--method", "nope"]),
+        tmp.path(),
+    );
+    assert_snapshot(
+        "fit_unknown_config_key",
+        &fit(&["--set", "epochz=3"]),
+        tmp.path(),
+    );
+    assert!(!run.join("labels.parquet").exists());
     let out = ncclean(&[
         "corrupt",
         p(&data),
@@ -491,17 +502,20 @@ fn usage_errors_exit_2() {
         "--out",
         p(&tmp.path().join("x.parquet")),
     ]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_snapshot("corrupt_rate_out_of_range", &out, tmp.path());
+    assert_snapshot("unknown_subcommand", &ncclean(&["frobnicate"]), tmp.path());
+    // A directory without a checkpoint: say so, and what to pass instead.
+    let empty_run = tmp.path().join("not-a-run");
+    std::fs::create_dir_all(&empty_run).unwrap();
     let out = ncclean(&[
-        "fit",
+        "score",
         p(&data),
-        "--out-dir",
-        p(&tmp.path().join("r")),
-        "--method",
-        "nope",
+        "--checkpoint",
+        p(&empty_run),
+        "--out",
+        p(&tmp.path().join("s.parquet")),
     ]);
-    assert_eq!(out.status.code(), Some(2));
-    assert_eq!(ncclean(&["frobnicate"]).status.code(), Some(2));
+    assert_snapshot("score_without_checkpoint", &out, tmp.path());
 }
 
 #[test]

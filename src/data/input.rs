@@ -17,6 +17,7 @@ use super::columns::{check_same_columns, resolve_columns};
 use super::rows::{batch_to_pairs, list_values, plain, RowContext};
 use super::{ColumnMap, ColumnOptions, ImageKind, InputFile, InputSet, PairRow};
 use crate::error::{invalid, Result};
+use crate::hex::hex;
 
 /// Rows sampled from the first file to settle a variable-length embedding's
 /// dimension; small enough to keep `open` footer-cheap.
@@ -141,10 +142,6 @@ impl InputSet {
                 .unwrap_or_default(),
         }
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Files named by the user, in the order given; directories and globs expand

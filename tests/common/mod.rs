@@ -1,6 +1,8 @@
 //! Helpers shared by the end-to-end tests: run the binary, make demo data.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod snapshot;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -1,0 +1,191 @@
+//! `ncclean fit`: train a method on prepared inputs and write the run
+//! directory (`checkpoint/`, `labels.parquet`, `filtered.parquet`,
+//! `stats.json`, `run.json`).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use candle_core::Device;
+use ncclean_pipelines::{EpochStats, Observer, TrainConfig};
+use serde::Serialize;
+
+use super::checkpointed::Engine;
+use super::keep::keep_mask;
+use super::labels::config_hash;
+use super::prepare::prepare_for;
+use crate::checkpoint::{self, CheckpointState};
+use crate::data::{self, InputSet};
+use crate::encoders::EncoderSpec;
+use crate::error::{invalid, Error, Result};
+use crate::features::CacheOptions;
+use crate::progress::Reporter;
+
+/// What `fit` was asked to do.
+#[derive(Debug, Clone)]
+pub struct FitOptions {
+    /// Method name.
+    pub method: String,
+    /// Resolved configuration.
+    pub config: TrainConfig,
+    /// Seed for initialisation, batch order and shuffles.
+    pub seed: u64,
+    /// Run directory.
+    pub out_dir: PathBuf,
+    /// Towers.
+    pub encoders: EncoderSpec,
+    /// Feature cache.
+    pub cache: CacheOptions,
+}
+
+/// What `fit` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct FitSummary {
+    /// Input rows.
+    pub rows: usize,
+    /// Usable pairs trained on.
+    pub pairs: usize,
+    /// Rows skipped, with their reasons in labels.parquet.
+    pub skipped: usize,
+    /// Pairs called clean.
+    pub clean: usize,
+    /// Fraction of usable pairs called noisy.
+    pub estimated_noise_rate: f64,
+    /// Seconds reading and decoding.
+    pub read_seconds: f64,
+    /// Seconds training (all epochs).
+    pub train_seconds: f64,
+    /// Seconds of the final scoring pass.
+    pub score_seconds: f64,
+    /// Scoring throughput.
+    pub score_pairs_per_second: f64,
+    /// Per-epoch statistics.
+    pub epochs: Vec<EpochStats>,
+    /// Rows written to filtered.parquet.
+    pub filtered_rows: usize,
+}
+
+/// Train `opts.method` on `input`, write the run directory and return a summary.
+pub fn fit(
+    input: &InputSet,
+    opts: &FitOptions,
+    device: &Device,
+    rep: &Reporter,
+) -> Result<FitSummary> {
+    let cfg = &opts.config;
+    let t0 = Instant::now();
+    let want_local = ncclean_pipelines::config::head_for(&opts.method, cfg).local;
+    let run = prepare_for(
+        input,
+        &opts.encoders,
+        cfg,
+        want_local,
+        None,
+        &opts.cache,
+        device,
+        rep,
+    )?;
+    let (prepared, vocab) = (run.prepared, run.vocab);
+    let read_seconds = t0.elapsed().as_secs_f64();
+    if prepared.ok.len() < 2 {
+        return Err(invalid(format!(
+            "{}: only {} usable pair(s) out of {} rows; fit needs at least 2 (see the reasons with `ncclean inspect`)",
+            input.display_name(0),
+            prepared.ok.len(),
+            prepared.rows.len()
+        )));
+    }
+    rep.info(&format!(
+        "read {} rows: {} usable, {} skipped ({read_seconds:.1}s)",
+        prepared.rows.len(),
+        prepared.ok.len(),
+        prepared.skipped()
+    ));
+    let model = ncclean_pipelines::config::model_config(&opts.method, cfg, run.image, run.text);
+    let mut pipeline =
+        ncclean_pipelines::build(&opts.method, cfg.clone(), &model, opts.seed, device)
+            .map_err(|e| Error::Usage(e.to_string()))?;
+    let t1 = Instant::now();
+    let total = pipeline.total_epochs();
+    let mut epochs = Vec::with_capacity(total);
+    let mut obs = rep.observer();
+    for e in 0..total {
+        let te = Instant::now();
+        let stats = pipeline
+            .run_epoch(e, &prepared.inputs, &mut obs)
+            .with_context(|| format!("training epoch {}", e + 1))?;
+        obs.finish();
+        rep.epoch(&stats, total, te.elapsed().as_secs_f64());
+        epochs.push(stats);
+    }
+    pipeline
+        .finalize(&prepared.inputs, &mut obs)
+        .context("final division")?;
+    obs.finish();
+    let train_seconds = t1.elapsed().as_secs_f64();
+
+    let state = CheckpointState {
+        format_version: checkpoint::FORMAT_VERSION,
+        ncclean_version: env!("CARGO_PKG_VERSION").to_string(),
+        method: opts.method.clone(),
+        seed: opts.seed,
+        config: cfg.clone(),
+        model,
+        vocab,
+        encoders: opts.encoders.clone(),
+        columns: input.columns.clone(),
+        train_pairs: prepared.ok.len(),
+        pipeline: pipeline.state(),
+    };
+    let ckpt_dir = opts.out_dir.join("checkpoint");
+    checkpoint::save(&ckpt_dir, &state, pipeline.as_ref())?;
+    drop(pipeline);
+
+    // Score through the reloaded checkpoint: exactly what `ncclean score` does.
+    let engine = Engine::load(&ckpt_dir, device)?;
+    let scored = engine.score(input, &prepared, false, rep)?;
+    let labels_path = opts.out_dir.join("labels.parquet");
+    data::write_labels(&labels_path, &scored.labels, &scored.metadata)?;
+    let keep = keep_mask(input, &scored.labels)?;
+    let filtered = data::write_filtered(
+        input,
+        &keep,
+        &opts.out_dir.join("filtered.parquet"),
+        &scored.metadata,
+    )?;
+
+    let clean = scored.labels.iter().filter(|l| l.is_clean).count();
+    let summary = FitSummary {
+        rows: prepared.rows.len(),
+        pairs: prepared.ok.len(),
+        skipped: prepared.skipped(),
+        clean,
+        estimated_noise_rate: scored.estimated_noise_rate,
+        read_seconds,
+        train_seconds,
+        score_seconds: scored.seconds,
+        score_pairs_per_second: scored.pairs as f64 / scored.seconds.max(1e-9),
+        epochs,
+        filtered_rows: filtered.rows_out,
+    };
+    let stats_json = serde_json::to_vec_pretty(&summary).context("serialising stats")?;
+    data::write_atomic(&opts.out_dir.join("stats.json"), &stats_json)?;
+    let run = serde_json::json!({
+        "ncclean_version": env!("CARGO_PKG_VERSION"),
+        "method": opts.method,
+        "seed": opts.seed,
+        "config": cfg,
+        "config_hash": config_hash(cfg),
+        "model": engine.state.model,
+        "encoders": opts.encoders,
+        "columns": input.columns,
+        "inputs": (0..input.files.len()).map(|f| input.display_name(f)).collect::<Vec<_>>(),
+        "input_fingerprint": scored.metadata.get("ncclean.input_fingerprint"),
+        "checkpoint_sha256": scored.metadata.get("ncclean.checkpoint_sha256"),
+        "device": format!("{device:?}"),
+        "command": std::env::args().collect::<Vec<_>>(),
+    });
+    let run_json = serde_json::to_vec_pretty(&run).context("serialising run.json")?;
+    data::write_atomic(&opts.out_dir.join("run.json"), &run_json)?;
+    Ok(summary)
+}

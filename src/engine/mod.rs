@@ -1,0 +1,61 @@
+//! The engine: one code path from parquet rows to trained pipelines and
+//! per-pair labels, shared by `fit` and `score`.
+//!
+//! - [`prepare`](prepare_for): rows → head inputs, in one pass over the data
+//!   and one image path for every tower;
+//! - [`Engine`]: a trained pipeline rebuilt from its checkpoint, which
+//!   prepares, embeds and scores data;
+//! - [`fit`]: train a method and write the run directory;
+//! - [`keep_mask`]: which input rows `filtered.parquet` keeps.
+//!
+//! `fit` prepares inputs, trains, writes a checkpoint, reloads it as an
+//! [`Engine`] and scores its own training pairs with [`Engine::score`], the
+//! same function `ncclean score` calls, so both agree exactly.
+
+#[cfg(test)]
+use crate::data::InputSet;
+
+mod checkpointed;
+mod fit;
+mod keep;
+mod labels;
+mod prepare;
+
+pub use checkpointed::{Engine, Scored};
+pub use fit::{fit, FitOptions, FitSummary};
+pub use keep::{keep_mask, keep_mask_by};
+pub use labels::config_hash;
+pub use prepare::{
+    image_identity, prepare_for, scan, Prepared, PreparedRun, RowRecord, READ_BATCH_ROWS,
+};
+
+/// An input set of files `data/train.parquet`, `data/part-1.parquet`, … with
+/// `rows[i]` rows each, for tests that need names and row counts only.
+#[cfg(test)]
+pub(crate) fn test_input(rows: &[usize]) -> InputSet {
+    use crate::data::{ColumnMap, ImageKind, InputFile};
+    let files = rows
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| InputFile {
+            path: if i == 0 {
+                "data/train.parquet".into()
+            } else {
+                format!("data/part-{i}.parquet").into()
+            },
+            num_rows: n,
+            schema: std::sync::Arc::new(arrow_schema::Schema::empty()),
+        })
+        .collect();
+    InputSet {
+        files,
+        columns: ColumnMap {
+            image: "image".into(),
+            image_kind: ImageKind::Bytes,
+            caption: "caption".into(),
+            key: None,
+        },
+        image_root: None,
+        embedding_dim: None,
+    }
+}

@@ -1,0 +1,628 @@
+//! Rows → head inputs, in one pass over the data.
+//!
+//! Every tower takes its images through one path ([`ImagePath`]): the pass
+//! streams the input once, and for each batch hands the rows to the frozen
+//! towers' feature extraction (which decodes, encodes and caches each
+//! distinct image and caption) and decodes the rows' images for the demo
+//! CNN or checks the embedding column. Once the pass is done, the rows that
+//! every side could use become the pairs, in input order.
+
+use ncclean_models::preprocess::decode_rgb_square;
+use ncclean_models::vocab::Vocab;
+use ncclean_models::{
+    ImageInputs, ImageTowerConfig, LocalFeatures, PairInputs, TextInputs, TextTowerConfig,
+};
+use ncclean_pipelines::{Observer, TrainConfig};
+
+use candle_core::Device;
+
+use crate::data::{ImageKind, ImageValue, InputSet, PairRow};
+use crate::encoders::{EncoderSpec, ImageEncoder, ImageTower, TextTower};
+use crate::error::{invalid, Error, Result};
+use crate::features::{self, CacheOptions, Extraction, SideFeatures};
+use crate::parallel::parallel_map;
+use crate::progress::Reporter;
+
+/// Rows read per batch from parquet: bounds the memory of raw image bytes.
+pub const READ_BATCH_ROWS: usize = 256;
+/// Vocabulary limits of the demo text tower.
+const VOCAB_MIN_COUNT: usize = 1;
+const VOCAB_MAX_SIZE: usize = 30_000;
+const VOCAB_MAX_LEN: usize = 48;
+/// Marks a row without a decoded image.
+const NO_SLOT: u32 = u32::MAX;
+
+/// Where a prepared pair came from, and why it is unusable if it is.
+#[derive(Debug, Clone)]
+pub struct RowRecord {
+    /// Key as carried through from the input.
+    pub key: String,
+    /// Index of the input file.
+    pub file: usize,
+    /// Row inside that file.
+    pub row: usize,
+    /// Why the row was skipped; `None` for usable rows.
+    pub error: Option<String>,
+}
+
+/// Every input row, and encoder inputs for the usable ones.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// One record per input row, in input order.
+    pub rows: Vec<RowRecord>,
+    /// Indices into `rows` of the usable pairs, aligned with `inputs`.
+    pub ok: Vec<usize>,
+    /// Encoder inputs of the usable pairs.
+    pub inputs: PairInputs,
+    /// Identity of each usable pair's image (a hash of its bytes), aligned
+    /// with `ok`: retrieval groups the captions of one image by it.
+    pub image_ids: Vec<u64>,
+}
+
+impl Prepared {
+    /// Number of skipped rows.
+    pub fn skipped(&self) -> usize {
+        self.rows.len() - self.ok.len()
+    }
+}
+
+/// Inputs for the matching head and the tower shapes they imply.
+pub struct PreparedRun {
+    /// Rows and head inputs.
+    pub prepared: Prepared,
+    /// Image side of the model config.
+    pub image: ImageTowerConfig,
+    /// Text side of the model config.
+    pub text: TextTowerConfig,
+    /// Vocabulary of the demo text tower, when it is used.
+    pub vocab: Option<Vocab>,
+}
+
+/// How the images of rows become head inputs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ImagePath {
+    /// The demo CNN trains on square RGB pixels of this side, decoded here.
+    Pixels { size: usize },
+    /// An embedding column of this width, used as it is.
+    Column { dim: usize },
+    /// A frozen tower: the feature extraction decodes, encodes and caches.
+    Tower,
+}
+
+/// One decoded image: demo CNN pixels or an embedding.
+#[derive(Debug, Clone, PartialEq)]
+enum ImageOut {
+    Pixels(Vec<u8>),
+    Embedding(Vec<f32>),
+}
+
+/// Decode one image value for `path` (pixels or a checked embedding), or
+/// say why it cannot be used. Frozen towers decode in the extraction.
+fn decode_image(value: &ImageValue, path: ImagePath) -> std::result::Result<ImageOut, String> {
+    match (value, path) {
+        (ImageValue::Bytes(b), ImagePath::Pixels { size }) => {
+            decode_rgb_square(b, size as u32).map(ImageOut::Pixels)
+        }
+        (ImageValue::Path(p), ImagePath::Pixels { size }) => {
+            let bytes = std::fs::read(p)
+                .map_err(|e| format!("cannot read image file {}: {e}", p.display()))?;
+            decode_rgb_square(&bytes, size as u32)
+                .map(ImageOut::Pixels)
+                .map_err(|e| format!("{}: {e}", p.display()))
+        }
+        (ImageValue::Embedding(v), ImagePath::Column { dim }) => {
+            if v.len() != dim {
+                Err(format!(
+                    "embedding has {} values, the model expects {dim}",
+                    v.len()
+                ))
+            } else {
+                Ok(ImageOut::Embedding(v.clone()))
+            }
+        }
+        (ImageValue::Embedding(_), ImagePath::Pixels { .. }) => {
+            Err("row holds an embedding but the model expects image pixels".into())
+        }
+        (_, ImagePath::Column { .. }) => {
+            Err("row holds an image but the model expects a precomputed embedding".into())
+        }
+        (_, ImagePath::Tower) => Err("frozen towers decode in the feature extraction".into()),
+    }
+}
+
+/// Decode the images of a batch on all cores, preserving order; rows
+/// already known to be unusable are not decoded.
+fn decode_batch(batch: &[PairRow], path: ImagePath) -> Vec<std::result::Result<ImageOut, String>> {
+    let values: Vec<Option<&ImageValue>> = batch
+        .iter()
+        .map(|r| r.image.as_ref().filter(|_| r.problem.is_none()))
+        .collect();
+    parallel_map(&values, |v| match v {
+        // A decoder bug on one malformed image must not end the whole run.
+        Some(v) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode_image(v, path)))
+            .unwrap_or_else(|_| Err("the image decoder crashed on this image".to_string())),
+        None => Err("no image".to_string()),
+    })
+}
+
+/// A 64-bit identity of an image value (FNV-1a over its bytes, path or
+/// embedding bits), so identical images share an id.
+pub fn image_identity(v: &ImageValue) -> u64 {
+    let mut h: u64 = 0xCBF2_9CE4_8422_2325;
+    let mut eat = |b: &[u8]| {
+        for &x in b {
+            h ^= x as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01B3);
+        }
+    };
+    match v {
+        ImageValue::Bytes(b) => eat(b),
+        ImageValue::Path(p) => eat(p.to_string_lossy().as_bytes()),
+        ImageValue::Embedding(e) => {
+            for x in e {
+                eat(&x.to_bits().to_le_bytes());
+            }
+        }
+    }
+    h
+}
+
+/// What one pass over the rows keeps.
+#[derive(Default)]
+struct Pass {
+    /// One record per row; `error` holds what the pass already knows (the
+    /// reader's problem, or why [`decode_image`] failed).
+    rows: Vec<RowRecord>,
+    /// Per row: which entry of `pixels` / `embeddings` is its image, or
+    /// [`NO_SLOT`] (always for frozen towers).
+    slots: Vec<u32>,
+    /// Decoded demo-CNN images in row order.
+    pixels: Vec<u8>,
+    /// Checked column embeddings in row order.
+    embeddings: Vec<f32>,
+    /// Number of entries in `pixels` / `embeddings`.
+    decoded: usize,
+    /// Per row: [`image_identity`] of its decoded image, else 0.
+    ids: Vec<u64>,
+    /// Per row: the caption, when the demo vocabulary needs it (else empty).
+    captions: Vec<String>,
+}
+
+/// Stream every row of `input` once: frozen towers see each batch through
+/// `extraction`, other images are decoded for `path` (kept only with
+/// `keep`), and captions are kept with `keep_captions`. Memory is bounded by
+/// one read batch plus what is kept.
+fn read_pass(
+    input: &InputSet,
+    path: ImagePath,
+    mut extraction: Option<&mut Extraction>,
+    keep: bool,
+    keep_captions: bool,
+    rep: &Reporter,
+) -> Result<Pass> {
+    let n = input.num_rows();
+    let mut pass = Pass {
+        rows: Vec::with_capacity(n),
+        slots: Vec::with_capacity(n),
+        ids: Vec::with_capacity(n),
+        captions: Vec::with_capacity(n),
+        ..Pass::default()
+    };
+    let mut obs = rep.observer();
+    obs.start("reading", n as u64);
+    for batch in input.pairs(READ_BATCH_ROWS) {
+        let batch = batch?;
+        if let Some(ex) = extraction.as_deref_mut() {
+            ex.push(&batch)?;
+        }
+        let decoded = match path {
+            ImagePath::Tower => Vec::new(),
+            _ => decode_batch(&batch, path),
+        };
+        let mut decoded = decoded.into_iter();
+        for r in &batch {
+            let mut error = r.problem.clone();
+            let (mut slot, mut id) = (NO_SLOT, 0);
+            match decoded.next() {
+                Some(Err(e)) if error.is_none() => error = Some(e),
+                Some(Ok(img)) if error.is_none() => {
+                    id = r.image.as_ref().map(image_identity).unwrap_or(0);
+                    slot = pass.decoded as u32;
+                    pass.decoded += 1;
+                    if keep {
+                        match img {
+                            ImageOut::Pixels(p) => pass.pixels.extend_from_slice(&p),
+                            ImageOut::Embedding(e) => pass.embeddings.extend_from_slice(&e),
+                        }
+                    }
+                }
+                _ => {}
+            }
+            pass.captions.push(if keep_captions && error.is_none() {
+                r.caption.clone()
+            } else {
+                String::new()
+            });
+            pass.slots.push(slot);
+            pass.ids.push(id);
+            pass.rows.push(RowRecord {
+                key: r.key.clone(),
+                file: r.source_file,
+                row: r.source_row,
+                error,
+            });
+        }
+        obs.advance(batch.len() as u64);
+    }
+    obs.finish();
+    Ok(pass)
+}
+
+/// The entries `slots` (increasing) of a table of `count` entries of equal
+/// width, in order. When every entry is taken the table is returned as it
+/// is, without a copy.
+fn take_slots<T: Copy>(table: Vec<T>, count: usize, slots: &[u32]) -> Vec<T> {
+    if slots.len() == count {
+        return table;
+    }
+    let width = table.len() / count.max(1);
+    let mut out = Vec::with_capacity(slots.len() * width);
+    for &s in slots {
+        let s = s as usize;
+        out.extend_from_slice(&table[s * width..(s + 1) * width]);
+    }
+    out
+}
+
+/// Check every row the way `fit` would (decoding every image) without
+/// keeping anything: the per-row usability report of `ncclean inspect`.
+pub fn scan(input: &InputSet, rep: &Reporter) -> Result<Vec<RowRecord>> {
+    let path = match input.columns.image_kind {
+        ImageKind::Embedding => ImagePath::Column {
+            dim: input.embedding_dim.unwrap_or(0),
+        },
+        _ => ImagePath::Pixels { size: 8 },
+    };
+    Ok(read_pass(input, path, None, false, false, rep)?.rows)
+}
+
+fn embedding_dim(input: &InputSet) -> Result<usize> {
+    input
+        .embedding_dim
+        .ok_or_else(|| invalid("cannot tell the embedding length of the image column"))
+}
+
+/// Read `input` and turn it into head inputs for the towers in `enc`:
+/// pixels / tokens for the trainable demo towers, cached frozen features for
+/// pretrained towers, embedding columns as they are. With `want_local` the
+/// frozen towers' local features are loaded too (the head or the method
+/// needs them); an embedding column has none, which is an error then.
+/// `vocab` is the demo text tower's vocabulary (built from the usable
+/// captions when `None`).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare_for(
+    input: &InputSet,
+    enc: &EncoderSpec,
+    cfg: &TrainConfig,
+    want_local: bool,
+    vocab: Option<&Vocab>,
+    cache: &CacheOptions,
+    device: &Device,
+    rep: &Reporter,
+) -> Result<PreparedRun> {
+    let (itower, ttower) = if enc.uses_towers() {
+        if enc.image == ImageEncoder::DemoCnn {
+            return Err(Error::Usage(
+                "--image-encoder demo-cnn trains from pixels and cannot be combined with a pretrained text tower; \
+                 use mobilenet_v2, clip or precomputed"
+                    .into(),
+            ));
+        }
+        (
+            ImageTower::load(enc, device)?,
+            TextTower::load(enc, device)?,
+        )
+    } else {
+        (None, None)
+    };
+    // Without towers the demo CNN trains on pixels unless the data holds
+    // embeddings; with pretrained towers an image side without a tower must
+    // be an embedding column.
+    let column = match (&itower, input.columns.image_kind) {
+        (Some(_), _) => false,
+        (None, ImageKind::Embedding) => true,
+        (None, _) => enc.uses_towers(),
+    };
+    if want_local && column {
+        return Err(no_local_features(input));
+    }
+    let path = if itower.is_some() {
+        ImagePath::Tower
+    } else if column {
+        ImagePath::Column {
+            dim: embedding_dim(input)?,
+        }
+    } else {
+        ImagePath::Pixels {
+            size: cfg.image_size,
+        }
+    };
+    let mut extraction = if itower.is_some() || ttower.is_some() {
+        Some(Extraction::new(
+            input,
+            itower.as_ref(),
+            ttower.as_ref(),
+            want_local,
+            cache,
+            device,
+        )?)
+    } else {
+        None
+    };
+    let pass = read_pass(
+        input,
+        path,
+        extraction.as_mut(),
+        true,
+        ttower.is_none(),
+        rep,
+    )?;
+    let (image_features, text_features) = match extraction {
+        Some(ex) => {
+            let done = ex.finish(rep)?;
+            (done.image, done.text)
+        }
+        None => (None, None),
+    };
+    assemble(pass, path, image_features, text_features, vocab, cfg)
+}
+
+/// Turn the pass and the frozen towers' features into head inputs: a row
+/// is a usable pair when the reader, the image side and the text side all
+/// could use it (reasons are reported in that order).
+fn assemble(
+    pass: Pass,
+    path: ImagePath,
+    mut image_features: Option<SideFeatures>,
+    mut text_features: Option<SideFeatures>,
+    vocab: Option<&Vocab>,
+    cfg: &TrainConfig,
+) -> Result<PreparedRun> {
+    let Pass {
+        mut rows,
+        slots,
+        pixels,
+        embeddings,
+        decoded,
+        ids,
+        mut captions,
+    } = pass;
+    let mut ok = Vec::new();
+    let mut ok_slots = Vec::new();
+    let mut image_ids = Vec::new();
+    let mut tower_images: Vec<f32> = Vec::new();
+    let mut texts: Vec<f32> = Vec::new();
+    let mut ok_captions: Vec<String> = Vec::new();
+    for (row, rec) in rows.iter_mut().enumerate() {
+        if let (None, Some(f)) = (&rec.error, &image_features) {
+            if f.row(row).is_none() {
+                rec.error = Some(
+                    f.errors
+                        .get(row)
+                        .cloned()
+                        .flatten()
+                        .unwrap_or_else(|| "image could not be encoded".to_string()),
+                );
+            }
+        }
+        if let (None, Some(f)) = (&rec.error, &text_features) {
+            if f.row(row).is_none() {
+                rec.error = Some("caption could not be encoded".to_string());
+            }
+        }
+        if rec.error.is_some() {
+            continue;
+        }
+        ok.push(row);
+        match &image_features {
+            Some(f) => {
+                tower_images.extend_from_slice(f.row(row).unwrap_or_default());
+                // The feature cache already identified the image by content.
+                image_ids.push(f.index.get(row).map_or(0, |&i| u64::from(i)));
+            }
+            None => {
+                ok_slots.push(slots[row]);
+                image_ids.push(ids[row]);
+            }
+        }
+        match &text_features {
+            Some(f) => texts.extend_from_slice(f.row(row).unwrap_or_default()),
+            None => ok_captions.push(std::mem::take(&mut captions[row])),
+        }
+    }
+    // The local tables are moved, not copied: they are the bulk of the memory.
+    let image_local = match image_features.as_mut() {
+        Some(f) => pair_local(f, &ok)?,
+        None => None,
+    };
+    let text_local = match text_features.as_mut() {
+        Some(f) => pair_local(f, &ok)?,
+        None => None,
+    };
+    let (images, image) = match (path, &image_features) {
+        (ImagePath::Pixels { size }, _) => (
+            ImageInputs::Pixels {
+                data: take_slots(pixels, decoded, &ok_slots),
+                size,
+            },
+            ImageTowerConfig::DemoCnn {
+                image_size: size,
+                width: cfg.cnn_width,
+            },
+        ),
+        (ImagePath::Column { dim }, _) => (
+            ImageInputs::Embeddings {
+                data: take_slots(embeddings, decoded, &ok_slots),
+                dim,
+                local: None,
+            },
+            ImageTowerConfig::Precomputed {
+                dim,
+                local_dim: None,
+            },
+        ),
+        (ImagePath::Tower, Some(f)) => {
+            let local_dim = image_local.as_ref().map(|l| l.dim);
+            (
+                ImageInputs::Embeddings {
+                    data: tower_images,
+                    dim: f.dim,
+                    local: image_local,
+                },
+                ImageTowerConfig::Precomputed {
+                    dim: f.dim,
+                    local_dim,
+                },
+            )
+        }
+        (ImagePath::Tower, None) => {
+            return Err(invalid("the image tower returned no features"));
+        }
+    };
+    let (texts, text, vocab) = match &text_features {
+        Some(f) => {
+            let local_dim = text_local.as_ref().map(|l| l.dim);
+            (
+                TextInputs::Embeddings {
+                    data: texts,
+                    dim: f.dim,
+                    local: text_local,
+                },
+                TextTowerConfig::Precomputed {
+                    dim: f.dim,
+                    local_dim,
+                },
+                None,
+            )
+        }
+        None => {
+            let v = match vocab {
+                Some(v) => v.clone(),
+                None => Vocab::build(
+                    ok_captions.iter().map(String::as_str),
+                    VOCAB_MIN_COUNT,
+                    VOCAB_MAX_SIZE,
+                    VOCAB_MAX_LEN,
+                ),
+            };
+            let tokens = ok_captions.iter().map(|c| v.encode(c)).collect();
+            let text = TextTowerConfig::DemoBow {
+                vocab_size: v.size(),
+                dim: cfg.word_dim,
+            };
+            (TextInputs::Tokens(tokens), text, Some(v))
+        }
+    };
+    Ok(PreparedRun {
+        prepared: Prepared {
+            rows,
+            ok,
+            inputs: PairInputs { images, texts },
+            image_ids,
+        },
+        image,
+        text,
+        vocab,
+    })
+}
+
+fn no_local_features(input: &InputSet) -> Error {
+    Error::Usage(format!(
+        "{}: the GPO head and the recon method need local features (image regions and caption tokens), \
+         but image column {:?} holds global embeddings only. Train on images with a frozen tower \
+         (--image-encoder mobilenet_v2 or clip) or the demo towers, or use --head mean with another method",
+        input.display_name(0),
+        input.columns.image
+    ))
+}
+
+/// The local sets of the usable pairs (`rows`: their input rows), sharing
+/// the distinct-item table of `f`; None when `f` has no local features.
+fn pair_local(f: &mut SideFeatures, rows: &[usize]) -> Result<Option<LocalFeatures>> {
+    let Some(l) = f.local.take() else {
+        return Ok(None);
+    };
+    let index = rows
+        .iter()
+        .map(|&r| f.index.get(r).copied().filter(|&i| i != features::NONE))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(|| invalid("a usable pair has no cached local features"))?;
+    let local = LocalFeatures {
+        dim: l.dim,
+        data: l.data,
+        offsets: l.offsets,
+        index,
+    };
+    local.check().map_err(invalid)?;
+    Ok(Some(local))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_slots_moves_a_full_table_and_gathers_a_partial_one() {
+        let table = vec![1, 1, 2, 2, 3, 3];
+        assert_eq!(take_slots(table.clone(), 3, &[0, 1, 2]), table);
+        assert_eq!(take_slots(table.clone(), 3, &[0, 2]), vec![1, 1, 3, 3]);
+        assert!(take_slots(table, 3, &[]).is_empty());
+        assert!(take_slots(Vec::<u8>::new(), 0, &[]).is_empty());
+    }
+
+    #[test]
+    fn embeddings_are_checked_against_the_column_width() {
+        let column = ImagePath::Column { dim: 2 };
+        assert_eq!(
+            decode_image(&ImageValue::Embedding(vec![0.5, 1.0]), column),
+            Ok(ImageOut::Embedding(vec![0.5, 1.0]))
+        );
+        assert_eq!(
+            decode_image(&ImageValue::Embedding(vec![0.5]), column),
+            Err("embedding has 1 values, the model expects 2".to_string())
+        );
+        assert!(decode_image(&ImageValue::Bytes(vec![1]), column)
+            .unwrap_err()
+            .contains("expects a precomputed embedding"));
+        let pixels = ImagePath::Pixels { size: 4 };
+        assert!(decode_image(&ImageValue::Embedding(vec![0.5]), pixels)
+            .unwrap_err()
+            .contains("expects image pixels"));
+    }
+
+    #[test]
+    fn undecodable_images_say_why_and_name_the_file() {
+        let pixels = ImagePath::Pixels { size: 4 };
+        assert!(decode_image(&ImageValue::Bytes(b"not an image".to_vec()), pixels).is_err());
+        let missing = std::path::PathBuf::from("/no/such/image.png");
+        let e = decode_image(&ImageValue::Path(missing), pixels).unwrap_err();
+        assert!(
+            e.starts_with("cannot read image file /no/such/image.png"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn image_identity_follows_the_content() {
+        let a = image_identity(&ImageValue::Bytes(vec![1, 2, 3]));
+        assert_eq!(a, image_identity(&ImageValue::Bytes(vec![1, 2, 3])));
+        assert_ne!(a, image_identity(&ImageValue::Bytes(vec![1, 2, 4])));
+        let e = image_identity(&ImageValue::Embedding(vec![0.0, 1.0]));
+        assert_ne!(e, image_identity(&ImageValue::Embedding(vec![1.0, 0.0])));
+        // FNV-1a of no bytes is its offset basis.
+        assert_eq!(
+            image_identity(&ImageValue::Bytes(Vec::new())),
+            0xCBF2_9CE4_8422_2325
+        );
+    }
+}

@@ -1,0 +1,36 @@
+//! Lower-case hex rendering of digests.
+//!
+//! A leaf module (no crate imports) so that `checkpoint`, `encoders`,
+//! `features`, `engine` and `data` can all name digests without importing
+//! one another.
+
+use sha2::{Digest, Sha256};
+
+/// Lower-case hex of `bytes`, two digits per byte.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Lower-case hex of the SHA-256 of `bytes` (64 digits).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_pads_every_byte_to_two_digits() {
+        assert_eq!(hex(&[]), "");
+        assert_eq!(hex(&[0x00, 0x0f, 0xa0, 0xff]), "000fa0ff");
+    }
+
+    #[test]
+    fn sha256_hex_matches_known_vector() {
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}
