@@ -59,9 +59,9 @@ fn main() {
         let (a, _) = read(&a_dir.join(n));
         let (b, _) = read(&b_dir.join(n));
         let same_rows = a.len() == b.len()
-            && a.iter().zip(&b).all(|(x, y)| {
-                x.key == y.key && x.status == y.status && x.is_clean == y.is_clean
-            });
+            && a.iter()
+                .zip(&b)
+                .all(|(x, y)| x.key == y.key && x.status == y.status && x.is_clean == y.is_clean);
         let dc = max_abs(&a, &b, |r| r.clean_prob);
         let ds = max_abs(&a, &b, |r| r.soft_label);
         let dm = max_abs(&a, &b, |r| r.similarity);

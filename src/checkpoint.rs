@@ -20,11 +20,13 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::data::ColumnMap;
-use crate::error::{invalid, Result};
+use crate::error::{invalid, pipeline_at, Result};
 use crate::hex::hex;
 
 /// Version of the checkpoint layout; bumped on incompatible changes.
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: the method state is the runner's (`division`, `net_seeds`,
+/// `epochs_done`, `method`).
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Everything besides weights that `score` needs to rebuild a trained engine.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -126,7 +128,7 @@ pub fn read_state(dir: &Path) -> Result<CheckpointState> {
     })?;
     if state.format_version != FORMAT_VERSION {
         return Err(invalid(format!(
-            "{}: checkpoint format {} is not supported by this ncclean (format {FORMAT_VERSION})",
+            "{}: checkpoint format {} is not supported by this ncclean (format {FORMAT_VERSION}); run `ncclean fit` again to make a checkpoint this version reads",
             p.display(),
             state.format_version
         )));
@@ -158,7 +160,7 @@ pub fn load_into(dir: &Path, state: &CheckpointState, pipeline: &mut dyn Pipelin
     }
     pipeline
         .load_state(&state.pipeline, pairs)
-        .map_err(|e| invalid(format!("{}: {e}", dir.display())))?;
+        .map_err(|e| pipeline_at(dir, e))?;
     Ok(())
 }
 

@@ -39,6 +39,30 @@ impl Error {
     }
 }
 
+/// The pipelines' typed errors keep their meaning: a configuration the
+/// method rejects is a usage error (2) whether it came from `fit`'s flags or
+/// from a checkpoint `score` loads, a checkpoint state that does not fit is
+/// invalid input (3), a failure while running is anything else (1).
+impl From<ncclean_pipelines::Error> for Error {
+    fn from(e: ncclean_pipelines::Error) -> Error {
+        match e {
+            ncclean_pipelines::Error::Config(m) => Error::Usage(m),
+            ncclean_pipelines::Error::State(m) => Error::InvalidInput(m),
+            ncclean_pipelines::Error::Runtime(e) => Error::Other(anyhow::Error::new(e)),
+        }
+    }
+}
+
+/// A pipeline error about `place` (a checkpoint directory): the message is
+/// prefixed, the exit code kept.
+pub fn pipeline_at(place: &std::path::Path, e: ncclean_pipelines::Error) -> Error {
+    match Error::from(e) {
+        Error::Usage(m) => Error::Usage(format!("{}: {m}", place.display())),
+        Error::InvalidInput(m) => Error::InvalidInput(format!("{}: {m}", place.display())),
+        other => other,
+    }
+}
+
 /// Shorthand for an [`Error::InvalidInput`].
 pub fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidInput(msg.into())
@@ -58,5 +82,21 @@ mod tests {
         assert_eq!(Error::Partial("x".into()).exit_code(), 4);
         assert_eq!(Error::Interrupted.exit_code(), 130);
         assert_eq!(Error::Other(anyhow::anyhow!("x")).exit_code(), 1);
+    }
+
+    #[test]
+    fn pipeline_errors_keep_their_exit_code_wherever_they_surface() {
+        use ncclean_pipelines::Error as P;
+        let place = std::path::Path::new("run/checkpoint");
+        assert_eq!(Error::from(P::Config("bad".into())).exit_code(), 2);
+        assert_eq!(pipeline_at(place, P::Config("bad".into())).exit_code(), 2);
+        assert_eq!(Error::from(P::State("old".into())).exit_code(), 3);
+        let e = pipeline_at(place, P::State("old".into()));
+        assert_eq!(
+            (e.exit_code(), e.to_string()),
+            (3, "run/checkpoint: old".into())
+        );
+        let rt = P::Runtime(candle_core::Error::Msg("nan".into()));
+        assert_eq!(Error::from(rt).exit_code(), 1);
     }
 }

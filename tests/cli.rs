@@ -518,6 +518,45 @@ fn usage_errors_exit_2() {
     assert_snapshot("score_without_checkpoint", &out, tmp.path());
 }
 
+/// A configuration the method rejects is a usage error (exit 2) whether it
+/// comes from `fit`'s flags or from the checkpoint `score` loads.
+#[test]
+fn a_bad_method_configuration_exits_2_from_fit_and_from_score() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 60);
+    let run = tmp.path().join("r");
+    // CRCL's epochs must add up to its self-refining pieces.
+    let out = ncclean(&[
+        "fit",
+        p(&data),
+        "--out-dir",
+        p(&run),
+        "--method",
+        "crcl",
+        "--epochs",
+        "5",
+    ]);
+    assert_snapshot("fit_crcl_epochs_do_not_match_pieces", &out, tmp.path());
+    assert!(!run.join("labels.parquet").exists());
+    // A checkpoint whose configuration its method rejects (a vanilla run's
+    // state relabelled as crcl: no CRCL parameters).
+    ok(&["fit", p(&data), "--out-dir", p(&run), "--epochs", "1"]);
+    let state_path = run.join("checkpoint").join("state.json");
+    let mut state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state_path).unwrap()).unwrap();
+    state["method"] = "crcl".into();
+    std::fs::write(&state_path, serde_json::to_vec(&state).unwrap()).unwrap();
+    let out = ncclean(&[
+        "score",
+        p(&data),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&tmp.path().join("s.parquet")),
+    ]);
+    assert_snapshot("score_checkpoint_config_rejected", &out, tmp.path());
+}
+
 #[test]
 fn corrupt_records_ground_truth_and_permutation() {
     let tmp = tempfile::tempdir().unwrap();

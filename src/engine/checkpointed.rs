@@ -18,7 +18,7 @@ use super::prepare::{prepare_for, Prepared};
 use crate::checkpoint::{self, CheckpointState};
 use crate::data::{ImageKind, InputSet, LabelRow};
 use crate::encoders::ImageEncoder;
-use crate::error::{invalid, Result};
+use crate::error::{invalid, pipeline_at, Error, Result};
 use crate::features::CacheOptions;
 use crate::progress::Reporter;
 
@@ -59,7 +59,7 @@ impl Engine {
             state.seed,
             device,
         )
-        .map_err(|e| invalid(format!("{}: {e}", dir.display())))?;
+        .map_err(|e| pipeline_at(&dir, e))?;
         checkpoint::load_into(&dir, &state, pipeline.as_mut())?;
         Ok(Engine {
             state,
@@ -154,7 +154,12 @@ impl Engine {
             let mut obs = rep.observer();
             self.pipeline
                 .score(&prepared.inputs, refit, &mut obs)
-                .context("scoring failed")?
+                .map_err(|e| match e {
+                    ncclean_pipelines::Error::Runtime(e) => {
+                        Error::Other(anyhow::Error::new(e).context("scoring failed"))
+                    }
+                    other => pipeline_at(&self.dir, other),
+                })?
         };
         let seconds = started.elapsed().as_secs_f64();
         let threshold = self.state.config.threshold;

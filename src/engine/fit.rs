@@ -17,7 +17,7 @@ use super::prepare::prepare_for;
 use crate::checkpoint::{self, CheckpointState};
 use crate::data::{self, InputSet};
 use crate::encoders::EncoderSpec;
-use crate::error::{invalid, Error, Result};
+use crate::error::{invalid, Result};
 use crate::features::CacheOptions;
 use crate::progress::Reporter;
 
@@ -103,8 +103,7 @@ pub fn fit(
     ));
     let model = ncclean_pipelines::config::model_config(&opts.method, cfg, run.image, run.text);
     let mut pipeline =
-        ncclean_pipelines::build(&opts.method, cfg.clone(), &model, opts.seed, device)
-            .map_err(|e| Error::Usage(e.to_string()))?;
+        ncclean_pipelines::build(&opts.method, cfg.clone(), &model, opts.seed, device)?;
     let t1 = Instant::now();
     let total = pipeline.total_epochs();
     let mut epochs = Vec::with_capacity(total);
