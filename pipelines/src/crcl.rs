@@ -62,7 +62,8 @@ use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::{Error, Result};
 use crate::losses::{diagonal, match_log_diagonals, match_prob};
-use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
+use crate::method::{pair_array, Batch, EpochCtx, Method, Plan, ScoreCtx};
+use crate::params::{non_negative, positive, unit_interval};
 use crate::pipeline::PairScores;
 use crate::runner::{Streams, EMBED_CHUNK};
 use crate::scoring::{pair_similarity, shuffled_statistic, StatPass};
@@ -91,29 +92,20 @@ pub struct CrclParams {
 }
 
 impl CrclParams {
-    fn validate(&self) -> std::result::Result<(), String> {
-        if !(self.tau.is_finite() && self.tau > 0.0) {
-            return Err(format!("params.tau must be > 0, got {}", self.tau));
-        }
-        if !(self.lambda.is_finite() && self.lambda >= 0.0) {
-            return Err(format!("params.lambda must be >= 0, got {}", self.lambda));
-        }
-        if !(0.0..=1.0).contains(&self.beta) {
-            return Err(format!("params.beta must be in [0, 1], got {}", self.beta));
-        }
-        if !(0.0..=1.0).contains(&self.epsilon) {
-            return Err(format!(
-                "params.epsilon must be in [0, 1], got {}",
-                self.epsilon
+    fn validate(&self) -> Result<()> {
+        positive("tau", self.tau)?;
+        non_negative("lambda", self.lambda)?;
+        unit_interval("beta", self.beta)?;
+        unit_interval("epsilon", self.epsilon)?;
+        if self.pieces.is_empty() {
+            return Err(Error::Config(
+                "params.pieces must list at least one piece".into(),
             ));
         }
-        if self.pieces.is_empty() {
-            return Err("params.pieces must list at least one piece".into());
-        }
         if self.pieces.iter().any(|&e| e + self.freeze_epochs == 0) {
-            return Err(
-                "every piece needs at least one epoch (pieces[j] + freeze_epochs > 0)".into(),
-            );
+            return Err(Error::Config(
+                "params.pieces: every piece needs at least one epoch (pieces[j] + freeze_epochs > 0)".into(),
+            ));
         }
         Ok(())
     }
@@ -268,9 +260,7 @@ impl Method for Crcl {
     /// Fails on invalid `[params]` or when `epochs` does not match the pieces.
     fn new(cfg: &TrainConfig, _model: &ModelConfig) -> Result<Self> {
         let params: CrclParams = cfg.method_params("crcl").map_err(Error::Config)?;
-        params
-            .validate()
-            .map_err(|e| Error::Config(format!("invalid [params] for crcl: {e}")))?;
+        params.validate()?;
         let total: usize = params.piece_lengths().iter().sum();
         if cfg.epochs != total {
             return Err(Error::Config(format!(
@@ -413,9 +403,7 @@ impl Method for Crcl {
         _state: &serde_json::Value,
         pairs: &[(String, Vec<f32>)],
     ) -> Result<()> {
-        if let Some((_, v)) = pairs.iter().find(|(n, _)| n == "labels") {
-            self.labels = v.clone();
-        }
+        self.labels = pair_array(pairs, "labels");
         Ok(())
     }
 }
@@ -424,26 +412,10 @@ impl Method for Crcl {
 mod tests {
     use super::*;
     use crate::net::Net;
+    use crate::test_support::{close, s3};
     use candle_core::Device;
     use candle_core::Var;
     use ncclean_models::PairInputs;
-
-    fn close(a: &[f32], b: &[f32]) {
-        assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
-        for (x, y) in a.iter().zip(b) {
-            assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
-        }
-    }
-
-    /// S = [[0.9, 0.5, 0.1], [0.2, 0.3, 0.6], [0.4, 0.0, 0.8]] and τ = 0.1,
-    /// so the logits S/τ are [[9, 5, 1], [2, 3, 6], [4, 0, 8]].
-    fn s3() -> Tensor {
-        Tensor::new(
-            &[[0.9f32, 0.5, 0.1], [0.2, 0.3, 0.6], [0.4, 0.0, 0.8]],
-            &Device::Cpu,
-        )
-        .unwrap()
-    }
 
     /// Hand-computed probabilities of `s3()` at τ = 0.1, in f64:
     /// rows:  r0 = e^9+e^5+e^1, r1 = e^2+e^3+e^6, r2 = e^4+e^0+e^8;
@@ -632,7 +604,6 @@ mod tests {
     }
 
     fn tiny_data(n: usize) -> PairInputs {
-        use ncclean_models::{ImageInputs, TextInputs};
         // Captions are noisy copies of their images, except the last quarter,
         // whose captions are rotated (mismatched).
         let mut rng = Rng::new(7);
@@ -647,18 +618,7 @@ mod tests {
         for v in txt.iter_mut() {
             *v += 0.1 * rng.normal() as f32;
         }
-        PairInputs {
-            images: ImageInputs::Embeddings {
-                data: img,
-                dim,
-                local: None,
-            },
-            texts: TextInputs::Embeddings {
-                data: txt,
-                dim,
-                local: None,
-            },
-        }
+        crate::test_support::embedding_pairs(img, txt, dim)
     }
 
     fn tiny_model() -> ModelConfig {

@@ -90,9 +90,10 @@ use crate::error::{Error, Result};
 use crate::losses::{per_sample_hinge, soft_margin_hinge};
 use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::net::Net;
+use crate::params::{non_negative, unit_interval};
 use crate::pipeline::PairScores;
 use crate::runner::EMBED_CHUNK;
-use crate::scoring::{divide, for_each_shuffled_batch, pair_similarity};
+use crate::scoring::{divide, for_each_shuffled_batch, mean_of, pair_similarity};
 /// Cosines at or below this carry no usable ratio (see the departures).
 const RATIO_EPS: f32 = 1e-6;
 
@@ -116,32 +117,12 @@ pub struct EscParams {
 }
 
 impl EscParams {
-    fn validate(&self) -> std::result::Result<(), String> {
-        let finite_nonneg = |name: &str, v: f64| {
-            if v.is_finite() && v >= 0.0 {
-                Ok(())
-            } else {
-                Err(format!(
-                    "params.{name} must be a finite number ≥ 0, got {v}"
-                ))
-            }
-        };
-        finite_nonneg("beta", self.beta)?;
-        finite_nonneg("alpha1", self.alpha1)?;
-        finite_nonneg("alpha2", self.alpha2)?;
-        if !(0.0..=1.0).contains(&self.anchor_fraction) {
-            return Err(format!(
-                "params.anchor_fraction must be in [0, 1], got {}",
-                self.anchor_fraction
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.label_floor) {
-            return Err(format!(
-                "params.label_floor must be in [0, 1], got {}",
-                self.label_floor
-            ));
-        }
-        Ok(())
+    fn validate(&self) -> Result<()> {
+        non_negative("beta", self.beta)?;
+        non_negative("alpha1", self.alpha1)?;
+        non_negative("alpha2", self.alpha2)?;
+        unit_interval("anchor_fraction", self.anchor_fraction)?;
+        unit_interval("label_floor", self.label_floor)
     }
 
     /// Number of BiCro anchors in a batch of `b` pairs: `⌊b·f⌋ + 1`, at most `b`.
@@ -462,7 +443,7 @@ impl Method for Esc {
 
     fn new(cfg: &TrainConfig, _model: &ModelConfig) -> Result<Self> {
         let params: EscParams = cfg.method_params("esc").map_err(Error::Config)?;
-        params.validate().map_err(Error::Config)?;
+        params.validate()?;
         Ok(Esc {
             params,
             plans: Default::default(),
@@ -524,22 +505,12 @@ impl Method for Esc {
             )
         };
         let (a, b) = (stats(0)?, stats(1)?);
-        let avg = |x: &[f32], y: &[f32]| {
-            x.iter()
-                .zip(y)
-                .map(|(p, q)| (p + q) / 2.0)
-                .collect::<Vec<f32>>()
-        };
+        let anchor = a.anchor.iter().zip(&b.anchor).map(|(p, q)| *p || *q);
         Ok(EscPass {
-            l_div: avg(&a.l_div, &b.l_div),
-            anchor: a
-                .anchor
-                .iter()
-                .zip(&b.anchor)
-                .map(|(p, q)| *p || *q)
-                .collect(),
-            raw_label: avg(&a.raw_label, &b.raw_label),
-            similarity: avg(&a.similarity, &b.similarity),
+            l_div: mean_of(&[a.l_div, b.l_div]),
+            anchor: anchor.collect(),
+            raw_label: mean_of(&[a.raw_label, b.raw_label]),
+            similarity: mean_of(&[a.similarity, b.similarity]),
         })
     }
 
@@ -601,9 +572,9 @@ impl Method for Esc {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::close;
     use candle_core::Device;
     use candle_core::Var;
-    use ncclean_models::{ImageInputs, TextInputs};
 
     // S (image i, caption j):
     //   [[0.9, 0.5, 0.1, 0.3],
@@ -621,13 +592,6 @@ mod tests {
 
     fn t4() -> Tensor {
         Tensor::new(s4(), &Device::Cpu).unwrap()
-    }
-
-    fn close(a: &[f32], b: &[f32]) {
-        assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
-        for (x, y) in a.iter().zip(b) {
-            assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
-        }
     }
 
     fn params() -> EscParams {
@@ -770,18 +734,11 @@ mod tests {
 
     fn tiny() -> (ModelConfig, PairInputs) {
         let cfg = crate::test_support::precomputed_model(3, 4, 8);
-        let data = PairInputs {
-            images: ImageInputs::Embeddings {
-                data: vec![1., 0., 0., 0., 1., 0., 0., 0., 1., 1., 1., 0.],
-                dim: 3,
-                local: None,
-            },
-            texts: TextInputs::Embeddings {
-                data: vec![0., 1., 0., 0., 0., 1., 1., 0., 0., 0., 1., 1.],
-                dim: 3,
-                local: None,
-            },
-        };
+        let data = crate::test_support::embedding_pairs(
+            vec![1., 0., 0., 0., 1., 0., 0., 0., 1., 1., 1., 0.],
+            vec![0., 1., 0., 0., 0., 1., 1., 0., 0., 0., 1., 1.],
+            3,
+        );
         (cfg, data)
     }
 
@@ -865,40 +822,5 @@ mod tests {
         neg.params.insert("beta".into(), toml::Value::Float(-1.0));
         let (m, _) = tiny();
         assert!(matches!(Esc::new(&neg, &m), Err(Error::Config(_))));
-    }
-
-    #[test]
-    fn fit_then_score_is_consistent_and_finite() -> Result<()> {
-        use crate::pipeline::Pipeline;
-        use crate::runner::Runner;
-        let (mcfg, data) = tiny();
-        let mut cfg = train_cfg();
-        cfg.epochs = 3;
-        cfg.warmup_epochs = 1;
-        cfg.params
-            .insert("clean_only_epochs".into(), toml::Value::Integer(1));
-        let mut p = Runner::<Esc>::new(cfg, &mcfg, 0, &Device::Cpu)?;
-        let mut obs = crate::pipeline::Silent;
-        for e in 0..3 {
-            let st = p.run_epoch(e, &data, &mut obs)?;
-            assert!(st.loss.is_finite());
-        }
-        p.finalize(&data, &mut obs)?;
-        let a = p.score(&data, false, &mut obs)?;
-        let b = p.score(&data, false, &mut obs)?;
-        assert_eq!(a, b, "scoring must be deterministic");
-        assert_eq!(a.clean_prob.len(), 4);
-        assert!(a
-            .clean_prob
-            .iter()
-            .chain(&a.soft_label)
-            .all(|v| (0.0..=1.0).contains(v)));
-        assert_eq!(p.weights().len(), 2);
-        let state = p.state();
-        let mut q = Runner::<Esc>::new(train_cfg(), &mcfg, 0, &Device::Cpu)?;
-        q.load_state(&state, p.pair_state())?;
-        assert_eq!(q.state()["division"], state["division"]);
-        assert_eq!(q.pair_state(), p.pair_state());
-        Ok(())
     }
 }

@@ -83,9 +83,10 @@ use crate::error::{Error, Result};
 use crate::losses::{diagonal, match_log_diagonals, match_prob};
 use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::net::Net;
+use crate::params::{non_negative, positive, unit_interval};
 use crate::pipeline::PairScores;
 use crate::runner::{not_fitted, Streams, EMBED_CHUNK};
-use crate::scoring::{for_each_shuffled_batch, pair_similarity};
+use crate::scoring::{for_each_shuffled_batch, mean_of, pair_similarity};
 /// Guards the norms in eq. 8 when every weight in a batch is 0.
 const NORM_EPS: f64 = 1e-12;
 
@@ -111,29 +112,17 @@ pub struct GscParams {
 }
 
 impl GscParams {
-    fn validate(&self) -> std::result::Result<(), String> {
-        let positive = |name: &str, v: f64| {
-            if v.is_finite() && v > 0.0 {
-                Ok(())
-            } else {
-                Err(format!("params.{name} must be a positive number, got {v}"))
-            }
-        };
+    fn validate(&self) -> Result<()> {
         positive("tau1", self.tau1)?;
         positive("tau2", self.tau2)?;
-        if !(self.gamma.is_finite() && self.gamma >= 0.0) {
-            return Err(format!("params.gamma must be ≥ 0, got {}", self.gamma));
-        }
-        for (name, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
-            if !(0.0..=1.0).contains(&b) {
-                return Err(format!("params.{name} must lie in [0, 1], got {b}"));
-            }
-        }
+        non_negative("gamma", self.gamma)?;
+        unit_interval("beta1", self.beta1)?;
+        unit_interval("beta2", self.beta2)?;
         if !(1..=2).contains(&self.networks) {
-            return Err(format!(
+            return Err(Error::Config(format!(
                 "params.networks must be 1 or 2, got {}",
                 self.networks
-            ));
+            )));
         }
         Ok(())
     }
@@ -306,20 +295,6 @@ impl Gsc {
     }
 }
 
-/// Element-wise mean of equally long vectors.
-fn mean_of(vs: &[Vec<f32>]) -> Vec<f32> {
-    let Some(first) = vs.first() else {
-        return Vec::new();
-    };
-    let mut out = vec![0f32; first.len()];
-    for v in vs {
-        for (o, x) in out.iter_mut().zip(v) {
-            *o += x;
-        }
-    }
-    out.into_iter().map(|x| x / vs.len() as f32).collect()
-}
-
 impl Method for Gsc {
     const NAME: &'static str = "gsc";
     type Pass = GscPass;
@@ -327,7 +302,7 @@ impl Method for Gsc {
     /// Fails on invalid `[params]`.
     fn new(cfg: &TrainConfig, _model: &ModelConfig) -> Result<Self> {
         let params: GscParams = cfg.method_params("gsc").map_err(Error::Config)?;
-        params.validate().map_err(Error::Config)?;
+        params.validate()?;
         Ok(Gsc {
             labels: vec![Labels::ones(0); params.networks],
             params,
@@ -530,7 +505,6 @@ mod tests {
     use super::*;
     use candle_core::Device;
     use ncclean_models::PairInputs;
-    use ncclean_models::{ImageInputs, TextInputs};
 
     fn dev() -> Device {
         Device::Cpu
@@ -673,18 +647,7 @@ mod tests {
                 txt[i * 4 + d] = img[src * 4 + d];
             }
         }
-        PairInputs {
-            images: ImageInputs::Embeddings {
-                data: img,
-                dim: 4,
-                local: None,
-            },
-            texts: TextInputs::Embeddings {
-                data: txt,
-                dim: 4,
-                local: None,
-            },
-        }
+        crate::test_support::embedding_pairs(img, txt, 4)
     }
 
     fn tiny_cfg(networks: usize) -> TrainConfig {
@@ -746,17 +709,7 @@ mod tests {
                 assert!(v.iter().all(|x| (0.0..=1.0).contains(x)), "{v:?}");
                 assert!(v.iter().any(|&x| x < 1.0), "{v:?}");
             }
-            assert!(
-                p.score(&data, false, &mut crate::Silent).is_err(),
-                "score before finalize"
-            );
             p.finalize(&data, &mut crate::Silent)?;
-            let a = p.score(&data, false, &mut crate::Silent)?;
-            let b = p.score(&data, false, &mut crate::Silent)?;
-            assert_eq!(a, b, "scoring is deterministic");
-            assert!(a.clean_prob.iter().all(|x| (0.0..=1.0).contains(x)));
-            assert!(a.soft_label.iter().all(|x| (0.0..=1.0).contains(x)));
-
             let mut q = Runner::<Gsc>::new(tiny_cfg(networks), &tiny_model(), 7, &dev())?;
             q.load_state(&p.state(), p.pair_state())?;
             // JSON may move a float by an ulp, so compare what the divisions say.

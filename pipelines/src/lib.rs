@@ -14,7 +14,7 @@
 //!    label rules as free functions over batch similarity matrices (with
 //!    hand-computed unit tests), a params struct parsed from `[params]`
 //!    (`TrainConfig::method_params`, `deny_unknown_fields`, a `validate`
-//!    that returns [`Error::Config`] naming the key), and `impl Method`:
+//!    built from [`params`]' range checks), and `impl Method`:
 //!    `new` (parse and validate), `plan` (the epoch's division: which pairs
 //!    each network trains on, keeping the labels the loss needs),
 //!    `batch_loss`, `clean_side`, `score_pass` (the division statistic of a
@@ -50,6 +50,7 @@ pub mod gsc;
 pub mod losses;
 pub mod method;
 pub mod net;
+pub mod params;
 pub mod pipeline;
 pub mod recon;
 pub mod registry;

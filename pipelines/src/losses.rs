@@ -89,24 +89,8 @@ pub fn mean(x: &Tensor) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{close, s3};
     use candle_core::Device;
-
-    fn s3() -> Tensor {
-        // S = [[0.9, 0.5, 0.1],
-        //      [0.2, 0.3, 0.6],
-        //      [0.4, 0.0, 0.8]]
-        Tensor::new(
-            &[[0.9f32, 0.5, 0.1], [0.2, 0.3, 0.6], [0.4, 0.0, 0.8]],
-            &Device::Cpu,
-        )
-        .unwrap()
-    }
-
-    fn close(a: &[f32], b: &[f32]) {
-        for (x, y) in a.iter().zip(b) {
-            assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
-        }
-    }
 
     #[test]
     fn per_sample_hinge_hand_computed() -> Result<()> {

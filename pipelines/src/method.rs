@@ -216,3 +216,13 @@ pub trait Method: Sized {
         Ok(())
     }
 }
+
+/// The per-pair array called `name` in a checkpoint's pair state (empty when
+/// the checkpoint has none).
+pub fn pair_array(pairs: &[(String, Vec<f32>)], name: &str) -> Vec<f32> {
+    pairs
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default()
+}

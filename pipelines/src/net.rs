@@ -143,24 +143,16 @@ impl Net {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ncclean_models::{ImageInputs, TextInputs};
 
     #[test]
     fn clipping_bounds_the_update_and_training_lowers_the_loss() -> Result<()> {
         let dev = Device::Cpu;
         let cfg = crate::test_support::precomputed_model(3, 4, 8);
-        let data = PairInputs {
-            images: ImageInputs::Embeddings {
-                data: vec![1., 0., 0., 0., 1., 0., 0., 0., 1.],
-                dim: 3,
-                local: None,
-            },
-            texts: TextInputs::Embeddings {
-                data: vec![0., 1., 0., 0., 0., 1., 1., 0., 0.],
-                dim: 3,
-                local: None,
-            },
-        };
+        let data = crate::test_support::embedding_pairs(
+            vec![1., 0., 0., 0., 1., 0., 0., 0., 1.],
+            vec![0., 1., 0., 0., 0., 1., 1., 0., 0.],
+            3,
+        );
         let mut net = Net::new(&cfg, 1, &dev, 1e-2, 2.0)?;
         let idx = [0, 1, 2];
         let loss_of = |net: &Net| -> Result<Tensor> {

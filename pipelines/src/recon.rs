@@ -46,8 +46,9 @@ use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::{Error, Result};
 use crate::losses::{match_prob, per_sample_hinge, symmetric_infonce};
-use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
+use crate::method::{pair_array, Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::net::Net;
+use crate::params::{non_negative, positive, unit_interval};
 use crate::pipeline::PairScores;
 use crate::scoring::{divide, for_each_shuffled_batch, pair_similarity};
 
@@ -74,6 +75,18 @@ pub struct ReconParams {
     pub xi: f64,
     /// Temperature of the row softmax of the relation matrices.
     pub relation_tau: f64,
+}
+
+impl ReconParams {
+    fn validate(&self) -> Result<()> {
+        positive("tau", self.tau)?;
+        unit_interval("omega1", self.omega1)?;
+        unit_interval("omega2", self.omega2)?;
+        positive("alpha", self.alpha)?;
+        unit_interval("beta", self.beta)?;
+        non_negative("xi", self.xi)?;
+        positive("relation_tau", self.relation_tau)
+    }
 }
 
 /// Which part of the division a pair is in.
@@ -313,6 +326,7 @@ impl Method for Recon {
     /// [`crate::config::model_config`] builds them).
     fn new(cfg: &TrainConfig, model: &ModelConfig) -> Result<Self> {
         let params: ReconParams = cfg.method_params("recon").map_err(Error::Config)?;
+        params.validate()?;
         let image_local = match model.image {
             ImageTowerConfig::DemoCnn { .. } => true,
             ImageTowerConfig::Precomputed { local_dim, .. } => local_dim.is_some(),
@@ -455,9 +469,7 @@ impl Method for Recon {
         _state: &serde_json::Value,
         pairs: &[(String, Vec<f32>)],
     ) -> Result<()> {
-        if let Some((_, v)) = pairs.iter().find(|(n, _)| n == "pseudo_labels") {
-            self.labels = v.clone();
-        }
+        self.labels = pair_array(pairs, "pseudo_labels");
         Ok(())
     }
 }
@@ -465,28 +477,11 @@ impl Method for Recon {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{close, s3};
     use candle_core::Device;
     use candle_core::Var;
     use ncclean_models::LocalOptions;
     use ncclean_models::Pooling;
-
-    fn close(a: &[f32], b: &[f32]) {
-        assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
-        for (x, y) in a.iter().zip(b) {
-            assert!((x - y).abs() < 1e-5, "{a:?} vs {b:?}");
-        }
-    }
-
-    fn s3() -> Tensor {
-        // S = [[0.9, 0.5, 0.1],
-        //      [0.2, 0.3, 0.6],
-        //      [0.4, 0.0, 0.8]]
-        Tensor::new(
-            &[[0.9f32, 0.5, 0.1], [0.2, 0.3, 0.6], [0.4, 0.0, 0.8]],
-            &Device::Cpu,
-        )
-        .unwrap()
-    }
 
     #[test]
     fn infonce_and_matching_probability_hand_computed() -> Result<()> {

@@ -101,6 +101,21 @@ pub fn for_each_shuffled_batch(
     Ok(())
 }
 
+/// Element-wise mean of equally long vectors (statistics of co-taught
+/// networks).
+pub fn mean_of(vs: &[Vec<f32>]) -> Vec<f32> {
+    let Some(first) = vs.first() else {
+        return Vec::new();
+    };
+    let mut out = vec![0f32; first.len()];
+    for v in vs {
+        for (o, x) in out.iter_mut().zip(v) {
+            *o += x;
+        }
+    }
+    out.into_iter().map(|x| x / vs.len() as f32).collect()
+}
+
 /// A per-pair statistic of the batch similarity matrix (`stat(S)` → `[B]`),
 /// computed in shuffled batches ([`for_each_shuffled_batch`]) and averaged
 /// over the shuffles.

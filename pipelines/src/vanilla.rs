@@ -13,7 +13,7 @@ use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::Result;
 use crate::losses::soft_margin_hinge;
-use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
+use crate::method::{pair_array, Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::pipeline::PairScores;
 use crate::scoring::{divide, hinge_pass, StatPass};
 
@@ -86,9 +86,7 @@ impl Method for Vanilla {
         _state: &serde_json::Value,
         pairs: &[(String, Vec<f32>)],
     ) -> Result<()> {
-        if let Some((_, v)) = pairs.iter().find(|(n, _)| n == "labels") {
-            self.labels = v.clone();
-        }
+        self.labels = pair_array(pairs, "labels");
         Ok(())
     }
 }
