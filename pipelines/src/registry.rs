@@ -11,6 +11,10 @@ use crate::pipeline::Pipeline;
 use crate::runner::build;
 use crate::{crcl, esc, gsc, recon, vanilla};
 
+/// Builds a fresh pipeline of one method from its configuration, model,
+/// seed and device.
+pub type Build = fn(TrainConfig, &ModelConfig, u64, &Device) -> Result<Box<dyn Pipeline>>;
+
 /// One method as the rest of ncclean sees it.
 pub struct MethodInfo {
     /// Name on the command line.
@@ -23,7 +27,7 @@ pub struct MethodInfo {
     /// tokens), so the model needs local heads whatever the pooling.
     pub needs_local_features: bool,
     /// Build a fresh pipeline.
-    pub build: fn(TrainConfig, &ModelConfig, u64, &Device) -> Result<Box<dyn Pipeline>>,
+    pub build: Build,
 }
 
 /// Every method, in the order `--help` lists them.

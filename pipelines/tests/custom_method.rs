@@ -172,8 +172,7 @@ fn a_method_written_through_the_recipe_trains_and_scores() -> Result<()> {
     let fresh = Runner::<CleanHinge>::new(config(), &model(), 5, &Device::Cpu)?;
     let e = fresh
         .score(&inputs, false, &mut Silent)
-        .err()
-        .expect("not fitted");
+        .expect_err("not fitted");
     assert!(matches!(e, Error::State(_)), "{e}");
     assert!(e.to_string().contains("run fit first"), "{e}");
     Ok(())
