@@ -15,7 +15,7 @@ use anyhow::Context;
 use candle_core::{Device, Tensor};
 use ncclean_models::vocab::Vocab;
 use ncclean_models::ModelConfig;
-use ncclean_pipelines::{Pipeline, TrainConfig};
+use ncclean_pipelines::{EpochStats, Pipeline, TrainConfig};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -55,8 +55,68 @@ pub struct CheckpointState {
     pub pipeline: serde_json::Value,
 }
 
+/// What an epoch checkpoint must match to be continued, and what the
+/// finished epochs reported (so `stats.json` of a resumed run is complete).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResumeInfo {
+    /// sha256 of the input files' content.
+    pub input_fingerprint: String,
+    /// Hash of the resolved configuration.
+    pub config_hash: String,
+    /// One entry per finished epoch.
+    pub epochs: Vec<EpochStats>,
+}
+
 /// Write a checkpoint for `pipeline` into `dir` (replacing it atomically).
 pub fn save(dir: &Path, state: &CheckpointState, pipeline: &dyn Pipeline) -> Result<()> {
+    save_with(dir, state, pipeline, None)
+}
+
+/// Write an epoch checkpoint that training can resume from: a checkpoint
+/// plus the optimiser moments (`optimizer.safetensors`) and `resume.json`.
+pub fn save_resume(
+    dir: &Path,
+    state: &CheckpointState,
+    pipeline: &dyn Pipeline,
+    info: &ResumeInfo,
+) -> Result<()> {
+    save_with(dir, state, pipeline, Some(info))
+}
+
+/// The epoch checkpoint in `dir`, if one is there.
+pub fn read_resume(dir: &Path) -> Result<Option<(CheckpointState, ResumeInfo)>> {
+    let p = dir.join("resume.json");
+    if !p.is_file() {
+        return Ok(None);
+    }
+    let bytes = std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?;
+    let info: ResumeInfo = serde_json::from_slice(&bytes).map_err(|e| {
+        invalid(format!(
+            "{}: not a valid ncclean epoch checkpoint: {e}",
+            p.display()
+        ))
+    })?;
+    Ok(Some((read_state(dir)?, info)))
+}
+
+/// Load weights, per-pair state and optimiser moments of the epoch
+/// checkpoint in `dir` into a freshly built pipeline.
+pub fn load_resume(dir: &Path, state: &CheckpointState, pipeline: &mut dyn Pipeline) -> Result<()> {
+    load_into(dir, state, pipeline)?;
+    let p = dir.join("optimizer.safetensors");
+    let tensors = candle_core::safetensors::load(&p, &Device::Cpu)
+        .map_err(|e| invalid(format!("{}: cannot load optimiser state: {e}", p.display())))?;
+    pipeline
+        .load_optimizer_state(&tensors)
+        .map_err(|e| pipeline_at(dir, e))
+}
+
+fn save_with(
+    dir: &Path,
+    state: &CheckpointState,
+    pipeline: &dyn Pipeline,
+    resume: Option<&ResumeInfo>,
+) -> Result<()> {
     let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent)
         .with_context(|| format!("cannot create {}", parent.display()))?;
@@ -82,14 +142,34 @@ pub fn save(dir: &Path, state: &CheckpointState, pipeline: &dyn Pipeline) -> Res
         candle_core::safetensors::save(&pairs, &p)
             .with_context(|| format!("cannot write {}", p.display()))?;
     }
+    if let Some(info) = resume {
+        let tensors: HashMap<String, Tensor> = pipeline.optimizer_state().into_iter().collect();
+        let p = tmp.join("optimizer.safetensors");
+        candle_core::safetensors::save(&tensors, &p)
+            .with_context(|| format!("cannot write {}", p.display()))?;
+        let json = serde_json::to_vec_pretty(info).context("serialising resume.json")?;
+        std::fs::write(tmp.join("resume.json"), json).context("writing resume.json")?;
+    }
     let json = serde_json::to_vec_pretty(state).context("serialising checkpoint state")?;
     std::fs::write(tmp.join("state.json"), json).context("writing state.json")?;
+    // The old checkpoint is moved aside, not deleted, until the new one is
+    // in place: an interrupt between the renames leaves it recoverable.
+    let old = dir.with_file_name(format!(
+        ".{}.old-{}",
+        dir.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
     if dir.exists() {
-        std::fs::remove_dir_all(dir)
-            .with_context(|| format!("cannot replace {}", dir.display()))?;
+        std::fs::rename(dir, &old).with_context(|| format!("cannot replace {}", dir.display()))?;
     }
     std::fs::rename(&tmp, dir)
         .with_context(|| format!("cannot move checkpoint into {}", dir.display()))?;
+    if old.exists() {
+        std::fs::remove_dir_all(&old)
+            .with_context(|| format!("cannot remove {}", old.display()))?;
+    }
     Ok(())
 }
 

@@ -48,6 +48,7 @@ impl From<ncclean_pipelines::Error> for Error {
         match e {
             ncclean_pipelines::Error::Config(m) => Error::Usage(m),
             ncclean_pipelines::Error::State(m) => Error::InvalidInput(m),
+            ncclean_pipelines::Error::Diverged(m) => Error::Other(anyhow::anyhow!(m)),
             ncclean_pipelines::Error::Runtime(e) => Error::Other(anyhow::Error::new(e)),
         }
     }

@@ -3,6 +3,14 @@
 use clap::Parser;
 
 fn main() {
+    // candle attaches a captured backtrace to its errors' Display whenever
+    // RUST_BACKTRACE is set in the environment, and it would reach users as
+    // 40-odd lines of frames. Errors here are messages: drop the variables
+    // before any thread starts (developers keep them with NCCLEAN_BACKTRACE=1).
+    if std::env::var_os("NCCLEAN_BACKTRACE").is_none() {
+        std::env::remove_var("RUST_BACKTRACE");
+        std::env::remove_var("RUST_LIB_BACKTRACE");
+    }
     let cli = ncclean::cli::Cli::parse();
     if let Err(e) = ncclean::cli::run(cli) {
         eprintln!("error: {e}");

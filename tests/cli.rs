@@ -518,6 +518,43 @@ fn usage_errors_exit_2() {
     assert_snapshot("score_without_checkpoint", &out, tmp.path());
 }
 
+/// Ranges are checked before any input is read, and a run that diverges
+/// stops with the epoch and the learning rate, writes nothing, and prints no
+/// backtrace even when RUST_BACKTRACE is set.
+#[test]
+fn bad_values_are_refused_up_front_and_divergence_stops_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 60);
+    let run = tmp.path().join("r");
+    let fit = |extra: &[&str]| {
+        let mut args = vec!["fit", p(&data), "--out-dir", p(&run)];
+        args.extend_from_slice(extra);
+        std::process::Command::new(env!("CARGO_BIN_EXE_ncclean"))
+            .args(&args)
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .expect("ncclean runs")
+    };
+    assert_snapshot("fit_lr_nan", &fit(&["--lr", "NaN"]), tmp.path());
+    assert_snapshot("fit_epochs_zero", &fit(&["--epochs", "0"]), tmp.path());
+    assert_snapshot(
+        "fit_warmup_longer_than_training",
+        &fit(&["--epochs", "2", "--warmup-epochs", "3"]),
+        tmp.path(),
+    );
+    assert_snapshot(
+        "fit_joint_dim_zero",
+        &fit(&["--set", "joint_dim=0"]),
+        tmp.path(),
+    );
+    let out = fit(&["--lr", "1e30", "--set", "grad_clip=0", "--epochs", "4"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("diverged") && err.contains("--lr"), "{err}");
+    assert!(!err.contains("backtrace") && !err.contains("0: "), "{err}");
+    assert!(!run.join("labels.parquet").exists() && !run.join("checkpoint").exists());
+}
+
 /// A configuration the method rejects is a usage error (exit 2) whether it
 /// comes from `fit`'s flags or from the checkpoint `score` loads.
 #[test]
@@ -540,7 +577,7 @@ fn a_bad_method_configuration_exits_2_from_fit_and_from_score() {
     assert!(!run.join("labels.parquet").exists());
     // A checkpoint whose configuration its method rejects (a vanilla run's
     // state relabelled as crcl: no CRCL parameters).
-    ok(&["fit", p(&data), "--out-dir", p(&run), "--epochs", "1"]);
+    ok(&["fit", p(&data), "--out-dir", p(&run), "--epochs", "1", "--warmup-epochs", "0"]);
     let state_path = run.join("checkpoint").join("state.json");
     let mut state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&state_path).unwrap()).unwrap();

@@ -58,6 +58,66 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
+    /// Check every shared key's range before any input is read; the error
+    /// names the key, the value and what is allowed. Method parameters are
+    /// checked by the method ([`crate::registry::validate`]).
+    pub fn validate(&self) -> Result<(), String> {
+        let bad = |key: &str, v: &dyn std::fmt::Display, allowed: &str| {
+            Err(format!("{key} = {v} is out of range: {allowed}"))
+        };
+        if self.epochs == 0 {
+            return bad("epochs", &self.epochs, "train at least 1 epoch");
+        }
+        if self.warmup_epochs > self.epochs {
+            return bad(
+                "warmup_epochs",
+                &self.warmup_epochs,
+                &format!("at most epochs ({}); lower --warmup-epochs too", self.epochs),
+            );
+        }
+        if self.batch_size < 2 {
+            return bad(
+                "batch_size",
+                &self.batch_size,
+                "at least 2 (in-batch negatives)",
+            );
+        }
+        let positive = [("lr", self.lr), ("lr_decay", self.lr_decay)];
+        for (key, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return bad(key, &v, "a finite number > 0");
+            }
+        }
+        for (key, v) in [("margin", self.margin), ("grad_clip", self.grad_clip)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(key, &v, "a finite number ≥ 0");
+            }
+        }
+        // α̂ = α (m^ŷ − 1)/(m − 1): m = 1 divides by zero.
+        if !(self.soft_margin_m.is_finite() && self.soft_margin_m > 1.0) {
+            return bad("soft_margin_m", &self.soft_margin_m, "a finite number > 1");
+        }
+        if !(0.0..=1.0).contains(&self.threshold) {
+            return bad("threshold", &self.threshold, "in [0, 1]");
+        }
+        let widths = [
+            ("division_shuffles", self.division_shuffles),
+            ("joint_dim", self.joint_dim),
+            ("hidden", self.hidden),
+            ("cnn_width", self.cnn_width),
+            ("word_dim", self.word_dim),
+        ];
+        for (key, v) in widths {
+            if v == 0 {
+                return bad(key, &v, "at least 1");
+            }
+        }
+        if self.image_size < 8 || self.image_size > 1024 {
+            return bad("image_size", &self.image_size, "8 to 1024 pixels");
+        }
+        Ok(())
+    }
+
     /// Learning rate at `epoch` (0-based): `lr`, times `lr_decay` for every
     /// entry of `lr_decay_epochs` at or before it.
     pub fn lr_at(&self, epoch: usize) -> f64 {
@@ -242,6 +302,73 @@ mod tests {
         let bad = parse_sets(&["head=max".into()]).unwrap();
         let e = resolve("vanilla", None, &bad).unwrap_err();
         assert!(e.contains("max") && e.contains("gpo"), "{e}");
+    }
+
+    #[test]
+    fn every_preset_is_valid_and_bad_values_name_key_value_and_range() {
+        for m in crate::registry::names() {
+            let c = resolve(m, None, &toml::Table::new()).unwrap();
+            assert_eq!(c.validate(), Ok(()), "{m}");
+        }
+        let base = resolve("vanilla", None, &toml::Table::new()).unwrap();
+        let cases: [(&str, TrainConfig); 7] = [
+            (
+                "epochs = 0",
+                TrainConfig {
+                    epochs: 0,
+                    ..base.clone()
+                },
+            ),
+            (
+                "warmup_epochs = 11",
+                TrainConfig {
+                    warmup_epochs: 11,
+                    ..base.clone()
+                },
+            ),
+            (
+                "lr = NaN",
+                TrainConfig {
+                    lr: f64::NAN,
+                    ..base.clone()
+                },
+            ),
+            (
+                "lr = -0.1",
+                TrainConfig {
+                    lr: -0.1,
+                    ..base.clone()
+                },
+            ),
+            (
+                "joint_dim = 0",
+                TrainConfig {
+                    joint_dim: 0,
+                    ..base.clone()
+                },
+            ),
+            (
+                "soft_margin_m = 1",
+                TrainConfig {
+                    soft_margin_m: 1.0,
+                    ..base.clone()
+                },
+            ),
+            (
+                "threshold = 2",
+                TrainConfig {
+                    threshold: 2.0,
+                    ..base.clone()
+                },
+            ),
+        ];
+        for (want, c) in cases {
+            let e = c.validate().unwrap_err();
+            assert!(
+                e.starts_with(want) && e.contains("out of range"),
+                "{want}: {e}"
+            );
+        }
     }
 
     #[test]

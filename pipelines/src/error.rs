@@ -13,6 +13,10 @@ pub enum Error {
     /// or malformed mixture, wrong number of networks).
     #[error("{0}")]
     State(String),
+    /// Training produced a non-finite loss: the model diverged. The message
+    /// names the epoch and the likely cause.
+    #[error("{0}")]
+    Diverged(String),
     /// A tensor operation failed while training or scoring.
     #[error(transparent)]
     Runtime(#[from] candle_core::Error),

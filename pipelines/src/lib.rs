@@ -40,6 +40,7 @@
 //! `pipelines/tests/custom_method.rs` writes a small method through this
 //! recipe (a per-sample hinge + mixture without co-teaching) and runs it.
 
+pub mod adam;
 pub mod batches;
 pub mod config;
 pub mod crcl;

@@ -1,8 +1,10 @@
 //! One trainable matching network with its optimiser.
 
 use candle_core::{Device, Result, Tensor};
-use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarMap};
+use candle_nn::VarMap;
 use ncclean_models::{similarity, MatchingModel, ModelConfig, PairInputs, ParamStore};
+
+use crate::adam::Adam;
 
 /// A matching model, its parameters and an Adam optimiser with gradient-norm
 /// clipping.
@@ -10,7 +12,7 @@ pub struct Net {
     /// The model.
     pub model: MatchingModel,
     varmap: VarMap,
-    opt: AdamW,
+    opt: Adam,
     clip: f64,
     device: Device,
 }
@@ -29,12 +31,7 @@ impl Net {
         let model = MatchingModel::new(config, &mut store)?;
         let varmap = store.into_varmap();
         // Adam, as the papers use it: no decoupled weight decay.
-        let params = ParamsAdamW {
-            lr,
-            weight_decay: 0.0,
-            ..ParamsAdamW::default()
-        };
-        let opt = AdamW::new(varmap.all_vars(), params)?;
+        let opt = Adam::new(&varmap, lr)?;
         Ok(Net {
             model,
             varmap,
@@ -54,6 +51,16 @@ impl Net {
         &mut self.varmap
     }
 
+    /// The optimiser (its moments go into resumable checkpoints).
+    pub fn optimizer(&self) -> &Adam {
+        &self.opt
+    }
+
+    /// Mutable optimiser, to restore its moments.
+    pub fn optimizer_mut(&mut self) -> &mut Adam {
+        &mut self.opt
+    }
+
     /// The device the network runs on.
     pub fn device(&self) -> &Device {
         &self.device
@@ -61,7 +68,7 @@ impl Net {
 
     /// Set the learning rate (schedules).
     pub fn set_lr(&mut self, lr: f64) {
-        self.opt.set_learning_rate(lr);
+        self.opt.set_lr(lr);
     }
 
     /// Similarity matrix of the pairs `idx` (with gradients).

@@ -5,6 +5,8 @@
 //! turns a trained pipeline and a set of pairs into per-pair results: `fit`
 //! ends by calling it, and `ncclean score` calls it on new data.
 
+use std::collections::HashMap;
+
 use candle_core::Tensor;
 use candle_nn::VarMap;
 use ncclean_models::PairInputs;
@@ -88,6 +90,12 @@ pub trait Pipeline {
     fn weights(&self) -> Vec<(String, &VarMap)>;
     /// Mutable parameter sets, to load a checkpoint into.
     fn weights_mut(&mut self) -> Vec<(String, &mut VarMap)>;
+    /// Optimiser state of every network (`net{k}.m.<param>`,
+    /// `net{k}.v.<param>`, and the step count `net{k}.steps`), for a
+    /// checkpoint that training resumes from.
+    fn optimizer_state(&self) -> Vec<(String, Tensor)>;
+    /// Restore what [`Pipeline::optimizer_state`] returned.
+    fn load_optimizer_state(&mut self, tensors: &HashMap<String, Tensor>) -> Result<()>;
     /// Method state (mixture parameters, counters) as JSON.
     fn state(&self) -> serde_json::Value;
     /// Per-pair label state (arrays aligned with the training pairs).

@@ -8,7 +8,7 @@ use ncclean_models::ModelConfig;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::pipeline::Pipeline;
-use crate::runner::build;
+use crate::runner::{build, validate_params};
 use crate::{crcl, esc, gsc, recon, vanilla};
 
 /// Builds a fresh pipeline of one method from its configuration, model,
@@ -28,6 +28,8 @@ pub struct MethodInfo {
     pub needs_local_features: bool,
     /// Build a fresh pipeline.
     pub build: Build,
+    /// Check a configuration without building anything.
+    pub validate: fn(&TrainConfig) -> Result<()>,
 }
 
 /// Every method, in the order `--help` lists them.
@@ -38,6 +40,7 @@ pub const METHODS: &[MethodInfo] = &[
         preset: include_str!("../presets/vanilla.toml"),
         needs_local_features: false,
         build: build::<vanilla::Vanilla>,
+        validate: validate_params::<vanilla::Vanilla>,
     },
     MethodInfo {
         name: "esc",
@@ -45,6 +48,7 @@ pub const METHODS: &[MethodInfo] = &[
         preset: include_str!("../presets/esc.toml"),
         needs_local_features: false,
         build: build::<esc::Esc>,
+        validate: validate_params::<esc::Esc>,
     },
     MethodInfo {
         name: "gsc",
@@ -52,6 +56,7 @@ pub const METHODS: &[MethodInfo] = &[
         preset: include_str!("../presets/gsc.toml"),
         needs_local_features: false,
         build: build::<gsc::Gsc>,
+        validate: validate_params::<gsc::Gsc>,
     },
     MethodInfo {
         name: "crcl",
@@ -59,6 +64,7 @@ pub const METHODS: &[MethodInfo] = &[
         preset: include_str!("../presets/crcl.toml"),
         needs_local_features: false,
         build: build::<crcl::Crcl>,
+        validate: validate_params::<crcl::Crcl>,
     },
     MethodInfo {
         name: "recon",
@@ -66,8 +72,17 @@ pub const METHODS: &[MethodInfo] = &[
         preset: include_str!("../presets/recon.toml"),
         needs_local_features: true,
         build: build::<recon::Recon>,
+        validate: validate_params::<recon::Recon>,
     },
 ];
+
+/// Check `cfg` for `method` before any input is read: the shared keys'
+/// ranges, then the method's own parameters and schedule (as the method
+/// would on construction). Errors are [`Error::Config`].
+pub fn validate(method: &str, cfg: &TrainConfig) -> Result<()> {
+    cfg.validate().map_err(Error::Config)?;
+    (find(method)?.validate)(cfg)
+}
 
 /// Names of every method, in table order.
 pub fn names() -> impl Iterator<Item = &'static str> {

@@ -6,6 +6,8 @@
 //! [`Method`] supplies only its paper's math. `Runner<M>` is the
 //! [`Pipeline`] the engine drives.
 
+use std::collections::HashMap;
+
 use candle_core::{Device, Tensor};
 use candle_nn::VarMap;
 use ncclean_models::rng::Rng;
@@ -127,6 +129,30 @@ pub fn build<M: Method + 'static>(
     Ok(Box::new(Runner::<M>::new(cfg, model, seed, device)?))
 }
 
+/// Check `M`'s parameters and schedule in `cfg` without building networks
+/// (a registry row's validator): `M::new` against a model that offers every
+/// feature, so only the configuration can fail.
+pub fn validate_params<M: Method>(cfg: &TrainConfig) -> Result<()> {
+    use ncclean_models::{ImageTowerConfig, LocalOptions, Pooling, TextTowerConfig};
+    let everything = ModelConfig {
+        image: ImageTowerConfig::DemoCnn {
+            image_size: cfg.image_size,
+            width: cfg.cnn_width,
+        },
+        text: TextTowerConfig::DemoBow {
+            vocab_size: 2,
+            dim: cfg.word_dim,
+        },
+        joint_dim: cfg.joint_dim,
+        hidden: cfg.hidden,
+        head: LocalOptions {
+            local: true,
+            pooling: Pooling::Gpo,
+        },
+    };
+    M::new(cfg, &everything).map(|_| ())
+}
+
 impl<M: Method> Runner<M> {
     /// A fresh run: the method validated, its networks initialised.
     pub fn new(cfg: TrainConfig, model: &ModelConfig, seed: u64, device: &Device) -> Result<Self> {
@@ -184,6 +210,39 @@ impl<M: Method> Runner<M> {
             }
         }
         Ok(())
+    }
+
+    /// The first parameter (network, name) that holds a NaN or inf, if any.
+    fn non_finite_weight(&self) -> Result<Option<(usize, String)>> {
+        for (k, net) in self.nets.iter().enumerate() {
+            let vars = net.varmap().data().lock().map_err(|_| {
+                Error::State("a network's parameters are unreadable (poisoned lock)".into())
+            })?;
+            for (name, v) in vars.iter() {
+                // NaN and inf both survive abs-max as non-finite.
+                let m = v.as_tensor().abs()?.max_all()?;
+                if !m
+                    .to_dtype(candle_core::DType::F32)?
+                    .to_scalar::<f32>()?
+                    .is_finite()
+                {
+                    return Ok(Some((k, name.clone())));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Refuse to score with weights that are not all finite (a diverged or
+    /// damaged checkpoint would call every pair clean).
+    fn check_finite_weights(&self) -> Result<()> {
+        match self.non_finite_weight()? {
+            None => Ok(()),
+            Some((k, name)) => Err(Error::State(format!(
+                "network {k} has non-finite weights ({name}): the run diverged or the \
+                 checkpoint is damaged; fit again (with a lower learning rate)"
+            ))),
+        }
     }
 
     fn pass(&self, data: &PairInputs, refit: bool) -> Result<M::Pass> {
@@ -270,7 +329,18 @@ impl<M: Method> Pipeline for Runner<M> {
                 } else {
                     self.method.batch_loss(&b)?
                 };
-                total += f64::from(l.to_scalar::<f32>()?);
+                let value = l.to_scalar::<f32>()?;
+                if !value.is_finite() {
+                    return Err(Error::Diverged(format!(
+                        "training diverged in epoch {} of {} (network {k}, {} phase): the loss is {value}; \
+                         the learning rate (lr = {lr}) is probably too high: try a tenth of it (--lr {})",
+                        epoch + 1,
+                        self.total_epochs(),
+                        plan.phase,
+                        lr / 10.0
+                    )));
+                }
+                total += f64::from(value);
                 self.nets[k].step(&l)?;
                 obs.advance(1);
             }
@@ -280,6 +350,15 @@ impl<M: Method> Pipeline for Runner<M> {
             loss += total / batches.len().max(1) as f64;
         }
         obs.finish();
+        if let Some((k, name)) = self.non_finite_weight()? {
+            return Err(Error::Diverged(format!(
+                "training diverged in epoch {} of {}: network {k}'s weights ({name}) are no longer \
+                 finite; the learning rate (lr = {lr}) is probably too high: try a tenth of it (--lr {})",
+                epoch + 1,
+                self.total_epochs(),
+                lr / 10.0
+            )));
+        }
         let after = if warmup {
             None
         } else {
@@ -316,6 +395,7 @@ impl<M: Method> Pipeline for Runner<M> {
             (Some(d), false) => Some(d),
             (None, false) => return Err(not_fitted()),
         };
+        self.check_finite_weights()?;
         let pass = self.pass(data, refit)?;
         let stat = M::statistic(&pass);
         let clean_prob = match stored {
@@ -324,7 +404,15 @@ impl<M: Method> Pipeline for Runner<M> {
                 Division::fit(stat, self.cfg.mixture, self.method.clean_side()).clean_prob(stat)
             }
         };
-        let scores = self.method.scores(pass, clean_prob, &self.cfg);
+        let mut scores = self.method.scores(pass, clean_prob, &self.cfg);
+        // A pair the model cannot measure (NaN/inf statistic or similarity)
+        // is never called clean.
+        for i in 0..scores.clean_prob.len() {
+            if !(scores.statistic[i].is_finite() && scores.similarity[i].is_finite()) {
+                scores.clean_prob[i] = 0.0;
+                scores.soft_label[i] = 0.0;
+            }
+        }
         obs.advance(1);
         obs.finish();
         Ok(scores)
@@ -352,6 +440,39 @@ impl<M: Method> Pipeline for Runner<M> {
             .enumerate()
             .map(|(k, n)| (format!("net{k}"), n.varmap_mut()))
             .collect()
+    }
+
+    fn optimizer_state(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        for (k, net) in self.nets.iter().enumerate() {
+            let opt = net.optimizer();
+            for (name, t) in opt.moments() {
+                out.push((format!("net{k}.{name}"), t));
+            }
+            // f64 holds any step count exactly.
+            let steps = Tensor::new(&[opt.steps() as f64], &Device::Cpu);
+            out.extend(steps.ok().map(|t| (format!("net{k}.steps"), t)));
+        }
+        out
+    }
+
+    fn load_optimizer_state(&mut self, tensors: &HashMap<String, Tensor>) -> Result<()> {
+        for (k, net) in self.nets.iter_mut().enumerate() {
+            let prefix = format!("net{k}.");
+            let steps = tensors
+                .get(&format!("{prefix}steps"))
+                .ok_or_else(|| Error::State(format!("optimiser state has no {prefix}steps")))?
+                .to_vec1::<f64>()?;
+            let moments: HashMap<String, Tensor> = tensors
+                .iter()
+                .filter_map(|(n, t)| n.strip_prefix(&prefix).map(|n| (n.to_string(), t.clone())))
+                .collect();
+            let steps = steps.first().copied().unwrap_or(0.0) as usize;
+            net.optimizer_mut()
+                .restore(steps, &moments)
+                .map_err(|e| Error::State(format!("network {k}: {e}")))?;
+        }
+        Ok(())
     }
 
     fn state(&self) -> serde_json::Value {
@@ -478,6 +599,105 @@ mod tests {
             }
             assert_eq!(q.score(&data, false, &mut Silent)?, a, "{}", info.name);
             assert_eq!(q.state(), p.state(), "{}", info.name);
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_diverging_run_stops_with_the_epoch_and_the_learning_rate() -> Result<()> {
+        let data = data();
+        let model = crate::test_support::precomputed_model(6, 8, 16);
+        let mut cfg = config("vanilla");
+        cfg.lr = 1e30;
+        cfg.grad_clip = 0.0;
+        let mut p = Runner::<crate::vanilla::Vanilla>::new(cfg, &model, 5, &Device::Cpu)?;
+        let err = (0..3)
+            .map(|e| p.run_epoch(e, &data, &mut Silent))
+            .find_map(|r| r.err())
+            .expect("lr 1e30 diverges");
+        let msg = err.to_string();
+        assert!(matches!(err, Error::Diverged(_)), "{msg}");
+        assert!(
+            msg.contains("epoch") && msg.contains("lr = 1000000000000000000000000000000"),
+            "{msg}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn non_finite_weights_are_refused_and_unmeasurable_pairs_are_never_clean() -> Result<()> {
+        let data = data();
+        let model = crate::test_support::precomputed_model(6, 8, 16);
+        let mut p =
+            Runner::<crate::vanilla::Vanilla>::new(config("vanilla"), &model, 5, &Device::Cpu)?;
+        for e in 0..p.total_epochs() {
+            p.run_epoch(e, &data, &mut Silent)?;
+        }
+        p.finalize(&data, &mut Silent)?;
+        // A NaN input pair: its similarity is NaN, so it is not clean.
+        let mut bad = data.clone();
+        if let ncclean_models::ImageInputs::Embeddings { data, .. } = &mut bad.images {
+            data[0] = f32::NAN;
+        }
+        let s = p.score(&bad, false, &mut Silent)?;
+        assert!(s.similarity[0].is_nan());
+        assert_eq!((s.clean_prob[0], s.soft_label[0]), (0.0, 0.0));
+        assert!(s.clean_prob[1..].iter().all(|v| v.is_finite()));
+        // Overwrite one weight with NaN: scoring refuses.
+        {
+            let vars = p.weights()[0].1.data().lock().expect("lock");
+            let (_, v) = vars.iter().next().expect("a parameter");
+            let nan = (v.as_tensor().ones_like()? * f64::NAN)?;
+            v.set(&nan)?;
+        }
+        let e = p.score(&data, false, &mut Silent).expect_err("NaN weights");
+        assert!(
+            matches!(e, Error::State(_)) && e.to_string().contains("non-finite"),
+            "{e}"
+        );
+        Ok(())
+    }
+
+    /// Stopping after any epoch and continuing in a fresh runner from the
+    /// saved weights, optimiser moments, state and label state gives the
+    /// same result as never stopping, for every method.
+    #[test]
+    fn resuming_after_any_epoch_is_bit_identical() -> Result<()> {
+        let data = data();
+        let model = crate::test_support::precomputed_model(6, 8, 16);
+        for info in registry::METHODS.iter().filter(|m| !m.needs_local_features) {
+            let build = || (info.build)(config(info.name), &model, 5, &Device::Cpu);
+            let finish = |p: &mut Box<dyn Pipeline>, from: usize| -> Result<PairScores> {
+                for e in from..p.total_epochs() {
+                    p.run_epoch(e, &data, &mut Silent)?;
+                }
+                p.finalize(&data, &mut Silent)?;
+                p.score(&data, false, &mut Silent)
+            };
+            let whole = finish(&mut build()?, 0)?;
+            for stop in 1..build()?.total_epochs() {
+                let mut first = build()?;
+                for e in 0..stop {
+                    first.run_epoch(e, &data, &mut Silent)?;
+                }
+                let state: serde_json::Value =
+                    serde_json::from_str(&serde_json::to_string(&first.state()).expect("json"))
+                        .expect("parses");
+                let optimizer: HashMap<String, Tensor> =
+                    first.optimizer_state().into_iter().collect();
+                let mut second = build()?;
+                second.load_state(&state, first.pair_state())?;
+                second.load_optimizer_state(&optimizer)?;
+                for ((_, dst), (_, src)) in second.weights_mut().into_iter().zip(first.weights()) {
+                    let src = src.data().lock().expect("lock");
+                    for (k, v) in dst.data().lock().expect("lock").iter() {
+                        v.set(src[k].as_tensor())?;
+                    }
+                }
+                assert_eq!(state["epochs_done"], stop);
+                let resumed = finish(&mut second, stop)?;
+                assert_eq!(resumed, whole, "{} stopped after epoch {stop}", info.name);
+            }
         }
         Ok(())
     }

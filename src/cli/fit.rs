@@ -57,6 +57,13 @@ pub struct FitArgs {
     /// Override any configuration key, as TOML: `--set params.beta=0.3 --set mixture=\"bmm\"`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
+    /// Continue an interrupted fit in --out-dir from its last finished epoch
+    /// (OUT_DIR/epoch-checkpoint/, written after every epoch). The same data,
+    /// method, seed and configuration are required; on CPU the result is
+    /// identical to a run that was never interrupted. Without it, an
+    /// interrupted run's epoch checkpoint is replaced.
+    #[arg(long)]
+    pub resume: bool,
     /// Device: cpu, cuda or cuda:N (CUDA needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -108,17 +115,9 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
             Some(p) => invalid(format!("{}: {e}", p.display())),
             None => Error::Usage(e),
         })?;
-    if config.batch_size < 2 {
-        return Err(Error::Usage(
-            "batch_size must be at least 2 (in-batch negatives)".into(),
-        ));
-    }
-    if !(0.0..=1.0).contains(&config.threshold) {
-        return Err(Error::Usage(format!(
-            "threshold must be in [0, 1], got {}",
-            config.threshold
-        )));
-    }
+    // Every key's range and the method's own parameters, before any input
+    // is read (exit 2 naming the key, the value and the allowed range).
+    ncclean_pipelines::registry::validate(&a.method, &config)?;
     let input = a.data.open()?;
     std::fs::create_dir_all(&a.out_dir)
         .with_context(|| format!("cannot create {}", a.out_dir.display()))?;
@@ -136,6 +135,7 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         config,
         seed: a.seed,
         out_dir: a.out_dir.clone(),
+        resume: a.resume,
     };
     let s = engine::fit(&input, &opts, &device, rep)?;
     rep.info(&format!(

@@ -17,7 +17,7 @@ use super::prepare::prepare_for;
 use crate::checkpoint::{self, CheckpointState};
 use crate::data::{self, InputSet};
 use crate::encoders::EncoderSpec;
-use crate::error::{invalid, Result};
+use crate::error::{invalid, Error, Result};
 use crate::features::CacheOptions;
 use crate::progress::Reporter;
 
@@ -36,7 +36,14 @@ pub struct FitOptions {
     pub encoders: EncoderSpec,
     /// Feature cache.
     pub cache: CacheOptions,
+    /// Continue from the epoch checkpoint in `out_dir` if there is one.
+    pub resume: bool,
 }
+
+/// The epoch checkpoint of a run in progress, under the run directory: a
+/// complete checkpoint plus optimiser moments, replaced atomically after
+/// every epoch and removed when the run has written its outputs.
+pub const EPOCH_CHECKPOINT: &str = "epoch-checkpoint";
 
 /// What `fit` did.
 #[derive(Debug, Clone, Serialize)]
@@ -106,36 +113,94 @@ pub fn fit(
         ncclean_pipelines::build(&opts.method, cfg.clone(), &model, opts.seed, device)?;
     let t1 = Instant::now();
     let total = pipeline.total_epochs();
-    let mut epochs = Vec::with_capacity(total);
+    let make_state = |pipeline: &dyn ncclean_pipelines::Pipeline| CheckpointState {
+        format_version: checkpoint::FORMAT_VERSION,
+        ncclean_version: env!("CARGO_PKG_VERSION").to_string(),
+        method: opts.method.clone(),
+        seed: opts.seed,
+        config: cfg.clone(),
+        model: model.clone(),
+        vocab: vocab.clone(),
+        encoders: opts.encoders.clone(),
+        columns: input.columns.clone(),
+        train_pairs: prepared.ok.len(),
+        pipeline: pipeline.state(),
+    };
+    let resume_dir = opts.out_dir.join(EPOCH_CHECKPOINT);
+    let mut info = checkpoint::ResumeInfo {
+        input_fingerprint: input.fingerprint()?,
+        config_hash: config_hash(cfg),
+        epochs: Vec::with_capacity(total),
+    };
+    if opts.resume {
+        match checkpoint::read_resume(&resume_dir)? {
+            Some((state, saved)) => {
+                let fresh = make_state(pipeline.as_ref());
+                let differs = [
+                    ("method", state.method != fresh.method),
+                    ("seed", state.seed != fresh.seed),
+                    ("configuration", saved.config_hash != info.config_hash),
+                    (
+                        "input data",
+                        saved.input_fingerprint != info.input_fingerprint,
+                    ),
+                    (
+                        "towers",
+                        state.model != fresh.model || state.encoders != fresh.encoders,
+                    ),
+                ];
+                let what: Vec<&str> = differs.iter().filter(|d| d.1).map(|d| d.0).collect();
+                if !what.is_empty() || saved.epochs.len() > total {
+                    return Err(Error::Usage(format!(
+                        "{}: the interrupted run differs from this command ({}); run the same command \
+                         with --resume to continue it, or drop --resume to start over",
+                        resume_dir.display(),
+                        what.join(", ")
+                    )));
+                }
+                checkpoint::load_resume(&resume_dir, &state, pipeline.as_mut())?;
+                info.epochs = saved.epochs;
+                rep.info(&format!(
+                    "resuming after epoch {} of {total} from {}",
+                    info.epochs.len(),
+                    resume_dir.display()
+                ));
+            }
+            None => rep.info(&format!(
+                "nothing to resume in {}: training from the first epoch",
+                resume_dir.display()
+            )),
+        }
+    } else if resume_dir.exists() {
+        rep.info(&format!(
+            "{} holds an interrupted run; it is replaced (pass --resume to continue it instead)",
+            resume_dir.display()
+        ));
+    }
     let mut obs = rep.observer();
-    for e in 0..total {
+    for e in info.epochs.len()..total {
         let te = Instant::now();
         let stats = pipeline
             .run_epoch(e, &prepared.inputs, &mut obs)
             .with_context(|| format!("training epoch {}", e + 1))?;
         obs.finish();
         rep.epoch(&stats, total, te.elapsed().as_secs_f64());
-        epochs.push(stats);
+        info.epochs.push(stats);
+        checkpoint::save_resume(
+            &resume_dir,
+            &make_state(pipeline.as_ref()),
+            pipeline.as_ref(),
+            &info,
+        )?;
     }
+    let epochs = info.epochs;
     pipeline
         .finalize(&prepared.inputs, &mut obs)
         .context("final division")?;
     obs.finish();
     let train_seconds = t1.elapsed().as_secs_f64();
 
-    let state = CheckpointState {
-        format_version: checkpoint::FORMAT_VERSION,
-        ncclean_version: env!("CARGO_PKG_VERSION").to_string(),
-        method: opts.method.clone(),
-        seed: opts.seed,
-        config: cfg.clone(),
-        model,
-        vocab,
-        encoders: opts.encoders.clone(),
-        columns: input.columns.clone(),
-        train_pairs: prepared.ok.len(),
-        pipeline: pipeline.state(),
-    };
+    let state = make_state(pipeline.as_ref());
     let ckpt_dir = opts.out_dir.join("checkpoint");
     checkpoint::save(&ckpt_dir, &state, pipeline.as_ref())?;
     drop(pipeline);
@@ -186,5 +251,10 @@ pub fn fit(
     });
     let run_json = serde_json::to_vec_pretty(&run).context("serialising run.json")?;
     data::write_atomic(&opts.out_dir.join("run.json"), &run_json)?;
+    // The run is complete: its epoch checkpoint has served.
+    if resume_dir.exists() {
+        std::fs::remove_dir_all(&resume_dir)
+            .with_context(|| format!("cannot remove {}", resume_dir.display()))?;
+    }
     Ok(summary)
 }
