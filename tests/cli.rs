@@ -577,7 +577,16 @@ fn a_bad_method_configuration_exits_2_from_fit_and_from_score() {
     assert!(!run.join("labels.parquet").exists());
     // A checkpoint whose configuration its method rejects (a vanilla run's
     // state relabelled as crcl: no CRCL parameters).
-    ok(&["fit", p(&data), "--out-dir", p(&run), "--epochs", "1", "--warmup-epochs", "0"]);
+    ok(&[
+        "fit",
+        p(&data),
+        "--out-dir",
+        p(&run),
+        "--epochs",
+        "1",
+        "--warmup-epochs",
+        "0",
+    ]);
     let state_path = run.join("checkpoint").join("state.json");
     let mut state: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&state_path).unwrap()).unwrap();

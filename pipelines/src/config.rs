@@ -72,7 +72,10 @@ impl TrainConfig {
             return bad(
                 "warmup_epochs",
                 &self.warmup_epochs,
-                &format!("at most epochs ({}); lower --warmup-epochs too", self.epochs),
+                &format!(
+                    "at most epochs ({}); lower --warmup-epochs too",
+                    self.epochs
+                ),
             );
         }
         if self.batch_size < 2 {
