@@ -107,7 +107,7 @@ fn resume_refuses_a_different_command() {
     // a finished run writes after its first epoch.
     let mut child = Command::new(env!("CARGO_BIN_EXE_ncclean"))
         .args(fit_args(&data, &run, "vanilla", config))
-        .args(["--epochs", "40", "--seed", "3"])
+        .args(["--epochs", "40"])
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("ncclean starts");
@@ -118,8 +118,19 @@ fn resume_refuses_a_different_command() {
     }
     child.kill().ok();
     child.wait().expect("reaped");
-    let mut args = fit_args(&data, &run, "vanilla", config);
-    args.extend(["--epochs", "40", "--seed", "4", "--resume"]);
+    let args = [
+        "fit",
+        p(&data),
+        "--out-dir",
+        p(&run),
+        "--config",
+        config,
+        "--epochs",
+        "40",
+        "--seed",
+        "4",
+        "--resume",
+    ];
     let out = common::ncclean(&args);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
