@@ -45,6 +45,9 @@ pub const SIZES: [&str; 2] = ["small", "large"];
 /// The smallest image side `draw` and `generate` accept; below it the shapes
 /// degenerate into a few pixels that no longer show their attributes.
 pub const MIN_IMAGE_SIZE: u32 = 8;
+/// Largest demo image side: a bound on the memory one image takes
+/// (1024² RGB = 3 MiB), far above what the demo towers use.
+pub const MAX_IMAGE_SIZE: u32 = 1024;
 
 /// Shape "radius" (half its extent) as a fraction of the image side. With the
 /// quadrant centre at 0.25 and jitter of at most 0.06, a large shape reaches

@@ -504,6 +504,8 @@ fn usage_errors_exit_2() {
     ]);
     assert_snapshot("corrupt_rate_out_of_range", &out, tmp.path());
     assert_snapshot("unknown_subcommand", &ncclean(&["frobnicate"]), tmp.path());
+    let huge = ncclean(&["demo", "--out", p(tmp.path()), "--image-size", "100000"]);
+    assert_snapshot("demo_image_size_too_large", &huge, tmp.path());
     // A directory without a checkpoint: say so, and what to pass instead.
     let empty_run = tmp.path().join("not-a-run");
     std::fs::create_dir_all(&empty_run).unwrap();

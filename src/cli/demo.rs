@@ -10,7 +10,7 @@ use arrow_schema::{DataType, Field, Schema};
 use clap::Args;
 
 use crate::data::AtomicParquetWriter;
-use crate::demo::{generate, DemoOptions, MIN_IMAGE_SIZE};
+use crate::demo::{generate, DemoOptions, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::progress::Reporter;
 
@@ -34,9 +34,10 @@ pub struct DemoArgs {
 const ROW_GROUP: usize = 1024;
 
 pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
-    if a.image_size < MIN_IMAGE_SIZE {
+    if !(MIN_IMAGE_SIZE..=MAX_IMAGE_SIZE).contains(&a.image_size) {
         return Err(Error::Usage(format!(
-            "--image-size must be at least {MIN_IMAGE_SIZE}"
+            "--image-size must be between {MIN_IMAGE_SIZE} and {MAX_IMAGE_SIZE} pixels, got {}",
+            a.image_size
         )));
     }
     if a.pairs == 0 {

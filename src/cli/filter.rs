@@ -42,6 +42,20 @@ pub enum Rule {
     Cut(f64),
 }
 
+/// How users read a rule: in the log line and the filtered file's metadata.
+impl std::fmt::Display for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rule::IsClean => write!(f, "is_clean from the labels"),
+            Rule::MinProb(p) => write!(f, "clean_prob >= {p}"),
+            Rule::Cut(p) if p.is_finite() => {
+                write!(f, "the kept fraction's cut: clean_prob >= {p}")
+            }
+            Rule::Cut(_) => write!(f, "keep fraction 0: no row kept"),
+        }
+    }
+}
+
 /// The clean-probability cut that keeps `fraction` of the scored rows
 /// (ties at the cut are all kept).
 pub fn fraction_cut(probs: &[f32], fraction: f64) -> f64 {
@@ -91,10 +105,10 @@ pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
         "ncclean.filter.labels".to_string(),
         a.labels.display().to_string(),
     );
-    meta.insert("ncclean.filter.rule".to_string(), format!("{rule:?}"));
+    meta.insert("ncclean.filter.rule".to_string(), rule.to_string());
     let s = data::write_filtered(&input, &keep, &a.out, &meta)?;
     rep.info(&format!(
-        "kept {} of {} rows ({rule:?})",
+        "kept {} of {} rows ({rule})",
         s.rows_out, s.rows_in
     ));
     println!(
@@ -114,5 +128,19 @@ mod tests {
         assert_eq!(fraction_cut(&p, 0.5), 0.7f32 as f64);
         assert_eq!(fraction_cut(&p, 1.0), 0.1f32 as f64);
         assert!(fraction_cut(&p, 0.0).is_infinite());
+    }
+
+    #[test]
+    fn rules_read_as_sentences_not_debug_values() {
+        assert_eq!(Rule::MinProb(0.8).to_string(), "clean_prob >= 0.8");
+        assert_eq!(
+            Rule::Cut(fraction_cut(&[0.9, 0.1], 0.0)).to_string(),
+            "keep fraction 0: no row kept"
+        );
+        assert_eq!(
+            Rule::Cut(0.5).to_string(),
+            "the kept fraction's cut: clean_prob >= 0.5"
+        );
+        assert_eq!(Rule::IsClean.to_string(), "is_clean from the labels");
     }
 }
