@@ -5,10 +5,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{demo, ok, p};
+use common::{demo, noisy_demo_of, ok, p};
 use ncclean::data::read_labels;
 
 fn fit_args<'a>(data: &'a Path, run: &'a Path, method: &'a str, config: &'a str) -> Vec<&'a str> {
@@ -26,6 +26,25 @@ fn fit_args<'a>(data: &'a Path, run: &'a Path, method: &'a str, config: &'a str)
     ]
 }
 
+/// Start `ncclean ARGS` and return once it has written the first epoch
+/// checkpoint under `run` (or has exited).
+fn spawn_until_checkpoint(args: &[&str], run: &Path) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ncclean"))
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("ncclean starts");
+    let marker = run.join("epoch-checkpoint").join("resume.json");
+    let started = Instant::now();
+    while !marker.exists() && started.elapsed() < Duration::from_secs(300) {
+        if child.try_wait().expect("poll").is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child
+}
+
 fn labels(run: &Path) -> Vec<(Option<f32>, Option<f32>, Option<f32>)> {
     let (rows, _) = read_labels(&run.join("labels.parquet")).expect("labels written");
     rows.iter()
@@ -36,18 +55,7 @@ fn labels(run: &Path) -> Vec<(Option<f32>, Option<f32>, Option<f32>)> {
 #[test]
 fn a_killed_fit_resumes_to_the_same_labels_for_every_method() {
     let tmp = tempfile::tempdir().unwrap();
-    let data = demo(tmp.path(), 400);
-    let noisy = tmp.path().join("noisy.parquet");
-    ok(&[
-        "corrupt",
-        p(&data),
-        "--rate",
-        "0.3",
-        "--seed",
-        "1",
-        "--out",
-        p(&noisy),
-    ]);
+    let noisy = noisy_demo_of(tmp.path(), 400);
     let config = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/configs/demo.toml");
     let entropy = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -61,21 +69,9 @@ fn a_killed_fit_resumes_to_the_same_labels_for_every_method() {
         ok(&fit_args(&noisy, &whole, method, config));
 
         let run = tmp.path().join(format!("{method}-killed"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ncclean"))
-            .args(fit_args(&noisy, &run, method, config))
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("ncclean starts");
-        // Wait for the first epoch checkpoint, then kill at an arbitrary
-        // moment of a later epoch (up to ~0.3 s on).
-        let marker = run.join("epoch-checkpoint").join("resume.json");
-        let started = Instant::now();
-        while !marker.exists() && started.elapsed() < Duration::from_secs(300) {
-            if child.try_wait().expect("poll").is_some() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        // Kill at an arbitrary moment of a later epoch (up to ~0.3 s after
+        // the first epoch checkpoint).
+        let mut child = spawn_until_checkpoint(&fit_args(&noisy, &run, method, config), &run);
         let delay = u64::from(entropy.rotate_left(7 * i as u32) % 300);
         std::thread::sleep(Duration::from_millis(delay));
         let finished = child.try_wait().expect("poll").is_some();
@@ -103,19 +99,10 @@ fn resume_refuses_a_different_command() {
     let data = demo(tmp.path(), 60);
     let run = tmp.path().join("r");
     let config = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/configs/demo.toml");
-    // Leave an epoch checkpoint behind as a killed run would: copy the one
-    // a finished run writes after its first epoch.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ncclean"))
-        .args(fit_args(&data, &run, "vanilla", config))
-        .args(["--epochs", "40"])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("ncclean starts");
-    let marker = run.join("epoch-checkpoint").join("resume.json");
-    let started = Instant::now();
-    while !marker.exists() && started.elapsed() < Duration::from_secs(300) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // Leave an epoch checkpoint behind, as a killed run does.
+    let mut args = fit_args(&data, &run, "vanilla", config);
+    args.extend(["--epochs", "40"]);
+    let mut child = spawn_until_checkpoint(&args, &run);
     child.kill().ok();
     child.wait().expect("reaped");
     let args = [

@@ -24,8 +24,3 @@ pub enum Error {
 
 /// Result with the pipelines' [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Shorthand for an [`Error::Config`].
-pub fn config(msg: impl Into<String>) -> Error {
-    Error::Config(msg.into())
-}

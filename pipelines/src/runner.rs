@@ -212,6 +212,18 @@ impl<M: Method> Runner<M> {
         Ok(())
     }
 
+    /// The error that ends a diverged epoch: what went non-finite, and the
+    /// likely cause.
+    fn diverged(&self, epoch: usize, lr: f64, what: &str) -> Error {
+        Error::Diverged(format!(
+            "training diverged in epoch {} of {}: {what}; the learning rate (lr = {lr}) is \
+             probably too high: try a tenth of it (--lr {})",
+            epoch + 1,
+            self.total_epochs(),
+            lr / 10.0
+        ))
+    }
+
     /// The first parameter (network, name) that holds a NaN or inf, if any.
     fn non_finite_weight(&self) -> Result<Option<(usize, String)>> {
         for (k, net) in self.nets.iter().enumerate() {
@@ -331,14 +343,8 @@ impl<M: Method> Pipeline for Runner<M> {
                 };
                 let value = l.to_scalar::<f32>()?;
                 if !value.is_finite() {
-                    return Err(Error::Diverged(format!(
-                        "training diverged in epoch {} of {} (network {k}, {} phase): the loss is {value}; \
-                         the learning rate (lr = {lr}) is probably too high: try a tenth of it (--lr {})",
-                        epoch + 1,
-                        self.total_epochs(),
-                        plan.phase,
-                        lr / 10.0
-                    )));
+                    let what = format!("network {k}'s loss is {value} ({} phase)", plan.phase);
+                    return Err(self.diverged(epoch, lr, &what));
                 }
                 total += f64::from(value);
                 self.nets[k].step(&l)?;
@@ -351,13 +357,8 @@ impl<M: Method> Pipeline for Runner<M> {
         }
         obs.finish();
         if let Some((k, name)) = self.non_finite_weight()? {
-            return Err(Error::Diverged(format!(
-                "training diverged in epoch {} of {}: network {k}'s weights ({name}) are no longer \
-                 finite; the learning rate (lr = {lr}) is probably too high: try a tenth of it (--lr {})",
-                epoch + 1,
-                self.total_epochs(),
-                lr / 10.0
-            )));
+            let what = format!("network {k}'s weights ({name}) are no longer finite");
+            return Err(self.diverged(epoch, lr, &what));
         }
         let after = if warmup {
             None

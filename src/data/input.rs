@@ -56,6 +56,7 @@ impl InputSet {
             columns,
             image_root: opts.image_root.clone(),
             embedding_dim,
+            fingerprint: Default::default(),
         })
     }
 
@@ -99,6 +100,9 @@ impl InputSet {
     /// sha256 (hex) over every file's content in order, independent of the
     /// file names, so renaming or moving shards keeps the fingerprint.
     pub fn fingerprint(&self) -> Result<String> {
+        if let Some(f) = self.fingerprint.get() {
+            return Ok(f.clone());
+        }
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
         for f in &self.files {
@@ -120,7 +124,10 @@ impl InputSet {
                 hasher.update(&buf[..n]);
             }
         }
-        Ok(hex(&hasher.finalize()))
+        Ok(self
+            .fingerprint
+            .get_or_init(|| hex(&hasher.finalize()))
+            .clone())
     }
 
     /// Display name of a file as given (used in labels' `source_file`).

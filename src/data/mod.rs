@@ -115,6 +115,10 @@ pub struct InputSet {
     /// reported as problems, so one truncated row cannot redefine the
     /// dimension for the rest. `None` for other image kinds.
     pub embedding_dim: Option<usize>,
+    /// [`InputSet::fingerprint`], once computed: `fit` needs it for its
+    /// epoch checkpoints and again for the labels' metadata, and it reads
+    /// every input byte.
+    pub(crate) fingerprint: std::sync::OnceLock<String>,
 }
 
 /// An image value as read, before decoding (decoding is the encoders'

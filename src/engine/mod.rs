@@ -57,5 +57,6 @@ pub(crate) fn test_input(rows: &[usize]) -> InputSet {
         },
         image_root: None,
         embedding_dim: None,
+        fingerprint: Default::default(),
     }
 }

@@ -47,7 +47,12 @@ pub fn demo(dir: &Path, pairs: usize) -> PathBuf {
 
 /// 2,000 demo pairs with 30% injected noise (corrupt seed 1).
 pub fn noisy_demo(dir: &Path) -> PathBuf {
-    let data = demo(dir, 2000);
+    noisy_demo_of(dir, 2000)
+}
+
+/// `pairs` demo pairs with 30% injected noise (corrupt seed 1).
+pub fn noisy_demo_of(dir: &Path, pairs: usize) -> PathBuf {
+    let data = demo(dir, pairs);
     let noisy = dir.join("noisy.parquet");
     ok(&[
         "corrupt",
