@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 use crate::data::ColumnMap;
 use crate::error::{invalid, pipeline_at, Result};
 use crate::hex::hex;
+use crate::temp;
 
 /// Version of the checkpoint layout; bumped on incompatible changes.
 /// 2: the method state is the runner's (`division`, `net_seeds`,
@@ -120,65 +121,47 @@ fn save_with(
     let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent)
         .with_context(|| format!("cannot create {}", parent.display()))?;
-    let tmp = tmp_dir(dir);
+    temp::sweep(dir)?;
+    let tmp = temp::name(dir, temp::Kind::Tmp);
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp)
             .with_context(|| format!("cannot remove {}", tmp.display()))?;
     }
     std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    for (name, vm) in pipeline.weights() {
-        let p = tmp.join(format!("{name}.safetensors"));
-        vm.save(&p)
-            .with_context(|| format!("cannot write {}", p.display()))?;
+    let written = (|| -> Result<()> {
+        for (name, vm) in pipeline.weights() {
+            let p = tmp.join(format!("{name}.safetensors"));
+            vm.save(&p)
+                .with_context(|| format!("cannot write {}", p.display()))?;
+        }
+        let mut pairs: HashMap<String, Tensor> = HashMap::new();
+        for (name, v) in pipeline.pair_state() {
+            let n = v.len();
+            let t = Tensor::from_vec(v, n, &Device::Cpu).context("per-pair state")?;
+            pairs.insert(name, t);
+        }
+        if !pairs.is_empty() {
+            let p = tmp.join("pairs.safetensors");
+            candle_core::safetensors::save(&pairs, &p)
+                .with_context(|| format!("cannot write {}", p.display()))?;
+        }
+        if let Some(info) = resume {
+            let tensors: HashMap<String, Tensor> = pipeline.optimizer_state().into_iter().collect();
+            let p = tmp.join("optimizer.safetensors");
+            candle_core::safetensors::save(&tensors, &p)
+                .with_context(|| format!("cannot write {}", p.display()))?;
+            let json = serde_json::to_vec_pretty(info).context("serialising resume.json")?;
+            std::fs::write(tmp.join("resume.json"), json).context("writing resume.json")?;
+        }
+        let json = serde_json::to_vec_pretty(state).context("serialising checkpoint state")?;
+        std::fs::write(tmp.join("state.json"), json).context("writing state.json")?;
+        Ok(())
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
     }
-    let mut pairs: HashMap<String, Tensor> = HashMap::new();
-    for (name, v) in pipeline.pair_state() {
-        let n = v.len();
-        let t = Tensor::from_vec(v, n, &Device::Cpu).context("per-pair state")?;
-        pairs.insert(name, t);
-    }
-    if !pairs.is_empty() {
-        let p = tmp.join("pairs.safetensors");
-        candle_core::safetensors::save(&pairs, &p)
-            .with_context(|| format!("cannot write {}", p.display()))?;
-    }
-    if let Some(info) = resume {
-        let tensors: HashMap<String, Tensor> = pipeline.optimizer_state().into_iter().collect();
-        let p = tmp.join("optimizer.safetensors");
-        candle_core::safetensors::save(&tensors, &p)
-            .with_context(|| format!("cannot write {}", p.display()))?;
-        let json = serde_json::to_vec_pretty(info).context("serialising resume.json")?;
-        std::fs::write(tmp.join("resume.json"), json).context("writing resume.json")?;
-    }
-    let json = serde_json::to_vec_pretty(state).context("serialising checkpoint state")?;
-    std::fs::write(tmp.join("state.json"), json).context("writing state.json")?;
-    // The old checkpoint is moved aside, not deleted, until the new one is
-    // in place: an interrupt between the renames leaves it recoverable.
-    let old = dir.with_file_name(format!(
-        ".{}.old-{}",
-        dir.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
-    if dir.exists() {
-        std::fs::rename(dir, &old).with_context(|| format!("cannot replace {}", dir.display()))?;
-    }
-    std::fs::rename(&tmp, dir)
-        .with_context(|| format!("cannot move checkpoint into {}", dir.display()))?;
-    if old.exists() {
-        std::fs::remove_dir_all(&old)
-            .with_context(|| format!("cannot remove {}", old.display()))?;
-    }
-    Ok(())
-}
-
-fn tmp_dir(dir: &Path) -> PathBuf {
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "checkpoint".into());
-    dir.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+    temp::replace_dir(&tmp, dir)
 }
 
 /// Accept either a run directory or its `checkpoint/` directory.

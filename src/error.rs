@@ -18,9 +18,11 @@ pub enum Error {
     /// The work finished, but some of it failed. Exit code 4.
     #[error("{0}")]
     Partial(String),
-    /// Stopped by the user. Exit code 130.
-    #[error("interrupted")]
-    Interrupted,
+    /// Stopped by a signal (SIGINT, SIGTERM) at a batch boundary; earlier
+    /// outputs are intact. The message says what was interrupted and what
+    /// was kept. Exit code 130.
+    #[error("{0}")]
+    Interrupted(String),
     /// Anything else (I/O failure, internal error). Exit code 1.
     #[error(transparent)]
     Other(#[from] anyhow::Error),
@@ -33,7 +35,7 @@ impl Error {
             Error::InvalidInput(_) => 3,
             Error::Usage(_) => 2,
             Error::Partial(_) => 4,
-            Error::Interrupted => 130,
+            Error::Interrupted(_) => 130,
             Error::Other(_) => 1,
         }
     }
@@ -49,6 +51,7 @@ impl From<ncclean_pipelines::Error> for Error {
             ncclean_pipelines::Error::Config(m) => Error::Usage(m),
             ncclean_pipelines::Error::State(m) => Error::InvalidInput(m),
             ncclean_pipelines::Error::Diverged(m) => Error::Other(anyhow::anyhow!(m)),
+            ncclean_pipelines::Error::Interrupted => crate::interrupt::error(),
             ncclean_pipelines::Error::Runtime(e) => Error::Other(anyhow::Error::new(e)),
         }
     }
@@ -62,6 +65,35 @@ pub fn pipeline_at(place: &std::path::Path, e: ncclean_pipelines::Error) -> Erro
         Error::InvalidInput(m) => Error::InvalidInput(format!("{}: {m}", place.display())),
         other => other,
     }
+}
+
+impl Error {
+    /// Say what was being done when an internal failure happened; the
+    /// user-facing kinds (usage, input, partial, interrupted) pass unchanged,
+    /// so their exit codes hold.
+    pub fn context(self, what: impl std::fmt::Display + Send + Sync + 'static) -> Error {
+        match self {
+            Error::Other(e) => Error::Other(e.context(what)),
+            other => other,
+        }
+    }
+}
+
+/// The partial-failure rule, in one place: rows that could not be used
+/// (unreadable image, missing caption, ...) are labelled with their reason
+/// and the run completes; when they are more than `max_skipped` of all
+/// rows, the outputs are still written in full, but the exit code is 4 so
+/// a pipeline can tell a partial result.
+pub fn partial_if_skipped(rows: usize, skipped: usize, max_skipped: f64) -> Result<()> {
+    let fraction = skipped as f64 / rows.max(1) as f64;
+    if skipped > 0 && fraction > max_skipped {
+        return Err(Error::Partial(format!(
+            "{skipped} of {rows} rows ({:.1}%) could not be used, more than --max-skipped {max_skipped}; \
+             the outputs were written and list each such row with its reason (`ncclean inspect` summarises them)",
+            100.0 * fraction
+        )));
+    }
+    Ok(())
 }
 
 /// Shorthand for an [`Error::InvalidInput`].
@@ -81,8 +113,36 @@ mod tests {
         assert_eq!(invalid("x").exit_code(), 3);
         assert_eq!(Error::Usage("x".into()).exit_code(), 2);
         assert_eq!(Error::Partial("x".into()).exit_code(), 4);
-        assert_eq!(Error::Interrupted.exit_code(), 130);
+        assert_eq!(Error::Interrupted("x".into()).exit_code(), 130);
         assert_eq!(Error::Other(anyhow::anyhow!("x")).exit_code(), 1);
+    }
+
+    #[test]
+    fn skipped_rows_above_the_limit_are_a_partial_result() {
+        assert!(partial_if_skipped(100, 0, 0.0).is_ok());
+        assert!(partial_if_skipped(100, 10, 0.1).is_ok());
+        let e = partial_if_skipped(100, 11, 0.1).unwrap_err();
+        assert_eq!(e.exit_code(), 4);
+        assert!(e.to_string().starts_with("11 of 100 rows (11.0%)"), "{e}");
+        assert_eq!(partial_if_skipped(100, 1, 0.0).unwrap_err().exit_code(), 4);
+        assert!(partial_if_skipped(100, 100, 1.0).is_ok());
+        assert!(partial_if_skipped(0, 0, 0.0).is_ok());
+    }
+
+    #[test]
+    fn context_wraps_internal_errors_only() {
+        let e = Error::Other(anyhow::anyhow!("disk full")).context("writing labels");
+        assert_eq!(e.to_string(), "writing labels");
+        for e in [
+            Error::Usage("u".into()),
+            invalid("i"),
+            Error::Partial("p".into()),
+            Error::Interrupted("s".into()),
+        ] {
+            let (code, text) = (e.exit_code(), e.to_string());
+            let wrapped = e.context("doing x");
+            assert_eq!((wrapped.exit_code(), wrapped.to_string()), (code, text));
+        }
     }
 
     #[test]

@@ -15,9 +15,12 @@ pub mod engine;
 pub mod error;
 pub mod features;
 pub mod hex;
+pub mod interrupt;
 pub mod metrics;
 pub(crate) mod parallel;
 pub mod progress;
 pub mod retrieval;
+pub mod rundir;
+pub mod temp;
 
 pub use error::{Error, Result};

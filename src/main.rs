@@ -12,6 +12,7 @@ fn main() {
         std::env::remove_var("RUST_LIB_BACKTRACE");
     }
     let cli = ncclean::cli::Cli::parse();
+    ncclean::interrupt::install();
     if let Err(e) = ncclean::cli::run(cli) {
         eprintln!("error: {e}");
         if let ncclean::Error::Other(inner) = &e {

@@ -171,6 +171,10 @@ impl Observer for StageObserver {
             self.stage.clear();
         }
     }
+
+    fn cancelled(&self) -> bool {
+        crate::interrupt::requested()
+    }
 }
 
 impl Drop for StageObserver {

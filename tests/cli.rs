@@ -324,6 +324,106 @@ fn undecodable_image_and_empty_caption_are_skipped_and_reported() {
     assert_eq!(stats["skipped"], 2);
 }
 
+/// Skipped rows above `--max-skipped` make a partial result: outputs in
+/// full, exit 4, and a message that says how many and where the reasons are.
+#[test]
+fn too_many_skipped_rows_exit_4_with_every_output_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = damaged_demo(tmp.path());
+    let run = tmp.path().join("run");
+    let fit = ncclean(&[
+        "fit",
+        p(&data),
+        "--out-dir",
+        p(&run),
+        "--epochs",
+        "1",
+        "--warmup-epochs",
+        "1",
+        "--max-skipped",
+        "0.01",
+    ]);
+    let stderr = String::from_utf8_lossy(&fit.stderr);
+    assert_eq!(fit.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("2 of 120 rows (1.7%)"), "{stderr}");
+    let summary: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&fit.stdout).trim()).unwrap();
+    assert_eq!(summary["skipped"], 2);
+    let (labels, _) = read_labels(&run.join("labels.parquet")).unwrap();
+    assert_eq!(labels.len(), 120);
+    assert!(run.join("filtered.parquet").exists() && run.join("run.json").exists());
+
+    let score = |extra: &[&str]| {
+        let out = tmp.path().join("s.parquet");
+        let mut args = vec!["score", p(&data), "--checkpoint", p(&run), "--out", p(&out)];
+        args.extend_from_slice(extra);
+        let o = ncclean(&args);
+        (o.status.code(), out.exists())
+    };
+    assert_eq!(score(&["--max-skipped", "0"]), (Some(4), true));
+    assert_eq!(score(&[]), (Some(0), true), "2/120 is under the default");
+    assert_eq!(score(&["--max-skipped", "1.5"]).0, Some(2));
+}
+
+/// The run directory is replaced as a whole, so it must not hold anything
+/// else, lie in a directory the inputs are listed from, or be an input.
+#[test]
+fn out_dirs_that_would_lose_or_reread_data_exit_2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 20);
+    let fit = |input: &Path, run: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "fit",
+            p(input),
+            "--out-dir",
+            p(run),
+            "--epochs",
+            "1",
+            "--warmup-epochs",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        ncclean(&args)
+    };
+    let inside = tmp.path().join("run");
+    assert_snapshot(
+        "fit_out_dir_inside_input_dir",
+        &fit(tmp.path(), &inside, &[]),
+        tmp.path(),
+    );
+    let photos = tmp.path().join("photos");
+    std::fs::create_dir(&photos).unwrap();
+    std::fs::write(photos.join("holiday.jpg"), b"x").unwrap();
+    assert_snapshot(
+        "fit_out_dir_not_a_run",
+        &fit(&data, &photos, &[]),
+        tmp.path(),
+    );
+    assert!(photos.join("holiday.jpg").exists(), "nothing was touched");
+    // A run can be replaced by the next one; --force replaces anything.
+    let run = tmp.path().join("ok");
+    assert_eq!(fit(&data, &run, &[]).status.code(), Some(0));
+    assert_eq!(fit(&data, &run, &[]).status.code(), Some(0));
+    assert_eq!(fit(&data, &photos, &["--force"]).status.code(), Some(0));
+    assert!(!photos.join("holiday.jpg").exists());
+    // score may not write over its own input.
+    let out = ncclean(&[
+        "score",
+        p(&data),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&data),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(count_rows(&data), 20, "the input is intact");
+}
+
 #[test]
 fn nan_embedding_row_is_skipped_and_embeddings_train() {
     let tmp = tempfile::tempdir().unwrap();

@@ -34,7 +34,7 @@ fn spawn_until_checkpoint(args: &[&str], run: &Path) -> Child {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("ncclean starts");
-    let marker = run.join("epoch-checkpoint").join("resume.json");
+    let marker = ncclean::rundir::resume_dir(run).join("resume.json");
     let started = Instant::now();
     while !marker.exists() && started.elapsed() < Duration::from_secs(300) {
         if child.try_wait().expect("poll").is_some() {
@@ -86,10 +86,15 @@ fn a_killed_fit_resumes_to_the_same_labels_for_every_method() {
             labels(&whole),
             "{method}: resumed labels differ"
         );
-        assert!(
-            !run.join("epoch-checkpoint").exists(),
-            "{method}: epoch checkpoint left behind"
-        );
+        // The killed process's staging directory is swept, the epoch
+        // checkpoint removed: only the two runs and the data remain.
+        let mut left: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&format!(".{method}-")))
+            .collect();
+        left.sort();
+        assert!(left.is_empty(), "{method}: left behind {left:?}");
     }
 }
 

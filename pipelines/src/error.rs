@@ -17,6 +17,10 @@ pub enum Error {
     /// names the epoch and the likely cause.
     #[error("{0}")]
     Diverged(String),
+    /// The observer asked to stop (a signal); nothing was half-done: the
+    /// epoch or pass in progress is dropped.
+    #[error("interrupted")]
+    Interrupted,
     /// A tensor operation failed while training or scoring.
     #[error(transparent)]
     Runtime(#[from] candle_core::Error),

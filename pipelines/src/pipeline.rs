@@ -51,6 +51,11 @@ pub trait Observer {
     fn advance(&mut self, n: u64);
     /// The current stage is over.
     fn finish(&mut self);
+    /// Whether the user asked to stop: checked after every batch, and a
+    /// true answer ends the work with [`crate::Error::Interrupted`].
+    fn cancelled(&self) -> bool {
+        false
+    }
 }
 
 /// An observer that ignores everything.

@@ -349,6 +349,9 @@ impl<M: Method> Pipeline for Runner<M> {
                 total += f64::from(value);
                 self.nets[k].step(&l)?;
                 obs.advance(1);
+                if obs.cancelled() {
+                    return Err(Error::Interrupted);
+                }
             }
             if !warmup {
                 self.method.end_net(k, &self.cfg)?;
@@ -376,6 +379,9 @@ impl<M: Method> Pipeline for Runner<M> {
     }
 
     fn finalize(&mut self, data: &PairInputs, obs: &mut dyn Observer) -> Result<()> {
+        if obs.cancelled() {
+            return Err(Error::Interrupted);
+        }
         obs.start("final division", 1);
         let pass = self.pass(data, true)?;
         self.division = Some(Division::fit(
@@ -390,6 +396,9 @@ impl<M: Method> Pipeline for Runner<M> {
     }
 
     fn score(&self, data: &PairInputs, refit: bool, obs: &mut dyn Observer) -> Result<PairScores> {
+        if obs.cancelled() {
+            return Err(Error::Interrupted);
+        }
         obs.start("scoring", 1);
         let stored = match (&self.division, refit) {
             (_, true) => None,

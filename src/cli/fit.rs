@@ -2,14 +2,13 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 
 use crate::engine::{self, FitOptions};
 use crate::error::{invalid, Error, Result};
 use crate::progress::Reporter;
 
-use super::{CacheArgs, DataArgs, EncoderArgs};
+use super::{CacheArgs, DataArgs, EncoderArgs, OutcomeArgs};
 
 /// Arguments of `ncclean fit`.
 #[derive(Debug, Args)]
@@ -20,14 +19,22 @@ pub struct FitArgs {
     pub encoders: EncoderArgs,
     #[command(flatten)]
     pub cache: CacheArgs,
+    #[command(flatten)]
+    pub outcome: OutcomeArgs,
     /// Noisy-correspondence method. Each one's defaults are its paper's, in
     /// pipelines/presets/<method>.toml; recon needs local features (demo or
     /// frozen towers, not embedding columns).
     #[arg(long, default_value = "vanilla", value_parser = method_names())]
     pub method: String,
     /// Run directory: run.json, checkpoint/, labels.parquet, filtered.parquet, stats.json.
+    /// It is replaced as a whole when the new run is complete (until then the
+    /// previous run stays readable); it must be new, empty or an earlier run.
     #[arg(long, value_name = "DIR")]
     pub out_dir: PathBuf,
+    /// Replace --out-dir even if it holds files that are not an ncclean run
+    /// (they are deleted) or lies inside an input directory.
+    #[arg(long)]
+    pub force: bool,
     /// Seed for initialisation, batch order and shuffles (same seed, same result on CPU).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -57,8 +64,9 @@ pub struct FitArgs {
     /// Override any configuration key, as TOML: `--set params.beta=0.3 --set mixture=\"bmm\"`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub sets: Vec<String>,
-    /// Continue an interrupted fit in --out-dir from its last finished epoch
-    /// (OUT_DIR/epoch-checkpoint/, written after every epoch). The same data,
+    /// Continue an interrupted fit from its last finished epoch (kept beside
+    /// the run in .<OUT_DIR name>.resume/, written after every epoch and
+    /// removed when the run completes). The same data,
     /// method, seed and configuration are required; on CPU the result is
     /// identical to a run that was never interrupted. Without it, an
     /// interrupted run's epoch checkpoint is replaced.
@@ -119,8 +127,6 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     // is read (exit 2 naming the key, the value and the allowed range).
     ncclean_pipelines::registry::validate(&a.method, &config)?;
     let input = a.data.open()?;
-    std::fs::create_dir_all(&a.out_dir)
-        .with_context(|| format!("cannot create {}", a.out_dir.display()))?;
     let encoders = crate::encoders::EncoderSpec::resolve(
         &input,
         a.encoders.image_encoder,
@@ -136,6 +142,8 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         seed: a.seed,
         out_dir: a.out_dir.clone(),
         resume: a.resume,
+        force: a.force,
+        data_args: a.data.data.clone(),
     };
     let s = engine::fit(&input, &opts, &device, rep)?;
     rep.info(&format!(
@@ -157,5 +165,5 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
             "train_seconds": s.train_seconds, "score_pairs_per_second": s.score_pairs_per_second,
         })
     );
-    Ok(())
+    a.outcome.check(s.rows, s.skipped)
 }

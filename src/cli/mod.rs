@@ -116,6 +116,32 @@ pub struct EncoderArgs {
     pub text_model: Option<String>,
 }
 
+/// When a finished run counts as a partial result.
+#[derive(Debug, Clone, Args)]
+pub struct OutcomeArgs {
+    /// Exit 4 (partial result) when more than this fraction of the rows could
+    /// not be used (unreadable image, missing caption, ...). Outputs are
+    /// written in full either way, each skipped row with its reason. 0 makes
+    /// any skipped row a partial result; 1 never does.
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.5, value_parser = fraction)]
+    pub max_skipped: f64,
+}
+
+impl OutcomeArgs {
+    /// Exit 4 when `skipped` of `rows` is more than the flag allows.
+    pub fn check(&self, rows: usize, skipped: usize) -> Result<()> {
+        crate::error::partial_if_skipped(rows, skipped, self.max_skipped)
+    }
+}
+
+/// A number in [0, 1].
+fn fraction(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("expected a fraction between 0 and 1, got {s:?}")),
+    }
+}
+
 /// Where frozen-tower features are cached.
 #[derive(Debug, Clone, Args)]
 pub struct CacheArgs {

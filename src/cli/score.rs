@@ -9,7 +9,7 @@ use crate::engine::{keep_mask, Engine};
 use crate::error::Result;
 use crate::progress::Reporter;
 
-use super::{CacheArgs, DataArgs};
+use super::{CacheArgs, DataArgs, OutcomeArgs};
 
 /// Arguments of `ncclean score`.
 #[derive(Debug, Args)]
@@ -18,6 +18,8 @@ pub struct ScoreArgs {
     pub data: DataArgs,
     #[command(flatten)]
     pub cache: CacheArgs,
+    #[command(flatten)]
+    pub outcome: OutcomeArgs,
     /// Run directory written by `ncclean fit --out-dir` (or its checkpoint/).
     #[arg(long, value_name = "RUN")]
     pub checkpoint: PathBuf,
@@ -39,6 +41,11 @@ pub fn run(a: ScoreArgs, rep: &Reporter) -> Result<()> {
     let device = crate::device::open(&a.device)?;
     let engine = Engine::load(&a.checkpoint, &device)?;
     let input = a.data.open()?;
+    let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
+    crate::rundir::check_not_an_input(&a.out, &files, "--out")?;
+    if let Some(f) = &a.filtered {
+        crate::rundir::check_not_an_input(f, &files, "--filtered")?;
+    }
     let prepared = engine.prepare(&input, &a.cache.options(), rep)?;
     let scored = engine.score(&input, &prepared, a.refit, rep)?;
     data::write_labels(&a.out, &scored.labels, &scored.metadata)?;
@@ -64,5 +71,5 @@ pub fn run(a: ScoreArgs, rep: &Reporter) -> Result<()> {
             "pairs_per_second": pps, "filtered_rows": filtered_rows,
         })
     );
-    Ok(())
+    a.outcome.check(scored.labels.len(), prepared.skipped())
 }

@@ -42,6 +42,7 @@ pub fn write_filtered(
         let mut row = 0;
         for batch in input.record_batches(f, BATCH_ROWS)? {
             let batch = batch?;
+            crate::interrupt::check()?;
             let n = batch.num_rows();
             let mask = keep.get(row..row + n).ok_or_else(|| {
                 anyhow::anyhow!(

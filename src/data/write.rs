@@ -16,6 +16,7 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 
 use crate::error::Result;
+use crate::temp;
 
 /// Rows per row group: readers can stream a file a row group at a time.
 const ROW_GROUP_ROWS: usize = 64 * 1024;
@@ -23,12 +24,11 @@ const ROW_GROUP_ROWS: usize = 64 * 1024;
 /// its memory when rows carry image bytes.
 const ROW_GROUP_BYTES: usize = 128 * 1024 * 1024;
 
-/// `<path>.tmp-<pid>`: same directory, so the final rename stays on one
-/// filesystem and is atomic.
-fn temp_path(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(format!(".tmp-{}", std::process::id()));
-    PathBuf::from(name)
+/// This process's temporary for `path` (see [`crate::temp`]), after the
+/// temporaries that dead processes left for it are removed.
+fn temp_path(path: &Path) -> Result<PathBuf> {
+    temp::sweep(path)?;
+    Ok(temp::name(path, temp::Kind::Tmp))
 }
 
 fn ensure_parent(path: &Path) -> Result<()> {
@@ -44,7 +44,7 @@ fn commit(tmp: &Path, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Atomic parquet writer: writes to `<path>.tmp-<pid>` in the same
+/// Atomic parquet writer: writes to `.<name>.tmp-<pid>` in the same
 /// directory and renames it to `path` on [`finish`](Self::finish); dropped
 /// without `finish`, the temporary file is removed. Zstd compression,
 /// key–value metadata in the footer.
@@ -62,7 +62,7 @@ impl AtomicParquetWriter {
         metadata: &BTreeMap<String, String>,
     ) -> Result<Self> {
         ensure_parent(path)?;
-        let tmp = temp_path(path);
+        let tmp = temp_path(path)?;
         let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let kv: Vec<KeyValue> = metadata
             .iter()
@@ -130,7 +130,7 @@ impl Drop for AtomicParquetWriter {
 /// Write a small file (JSON, text) atomically: temporary name, sync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     ensure_parent(path)?;
-    let tmp = temp_path(path);
+    let tmp = temp_path(path)?;
     let result = (|| -> Result<()> {
         let mut f = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         f.write_all(bytes)

@@ -1,6 +1,6 @@
 //! `ncclean fit`: train a method on prepared inputs and write the run
 //! directory (`checkpoint/`, `labels.parquet`, `filtered.parquet`,
-//! `stats.json`, `run.json`).
+//! `stats.json`, `run.json`), committed as a whole (see [`crate::rundir`]).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -20,6 +20,7 @@ use crate::encoders::EncoderSpec;
 use crate::error::{invalid, Error, Result};
 use crate::features::CacheOptions;
 use crate::progress::Reporter;
+use crate::rundir::{self, RunDir};
 
 /// What `fit` was asked to do.
 #[derive(Debug, Clone)]
@@ -36,14 +37,15 @@ pub struct FitOptions {
     pub encoders: EncoderSpec,
     /// Feature cache.
     pub cache: CacheOptions,
-    /// Continue from the epoch checkpoint in `out_dir` if there is one.
+    /// Continue from the epoch checkpoint of `out_dir` if there is one
+    /// ([`rundir::resume_dir`]).
     pub resume: bool,
+    /// Replace an `out_dir` that is not an ncclean run, or that lies inside
+    /// an input directory.
+    pub force: bool,
+    /// The DATA arguments as given, for the out-dir checks.
+    pub data_args: Vec<PathBuf>,
 }
-
-/// The epoch checkpoint of a run in progress, under the run directory: a
-/// complete checkpoint plus optimiser moments, replaced atomically after
-/// every epoch and removed when the run has written its outputs.
-pub const EPOCH_CHECKPOINT: &str = "epoch-checkpoint";
 
 /// What `fit` did.
 #[derive(Debug, Clone, Serialize)]
@@ -81,6 +83,16 @@ pub fn fit(
 ) -> Result<FitSummary> {
     let cfg = &opts.config;
     let t0 = Instant::now();
+    let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
+    let run_dir = RunDir::begin(
+        &opts.out_dir,
+        rundir::Inputs {
+            args: &opts.data_args,
+            files: &files,
+        },
+        opts.force,
+    )?;
+    let out = run_dir.staging().to_path_buf();
     let want_local = ncclean_pipelines::config::head_for(&opts.method, cfg).local;
     let run = prepare_for(
         input,
@@ -126,7 +138,7 @@ pub fn fit(
         train_pairs: prepared.ok.len(),
         pipeline: pipeline.state(),
     };
-    let resume_dir = opts.out_dir.join(EPOCH_CHECKPOINT);
+    let resume_dir = rundir::resume_dir(run_dir.out());
     let mut info = checkpoint::ResumeInfo {
         input_fingerprint: input.fingerprint()?,
         config_hash: config_hash(cfg),
@@ -180,9 +192,13 @@ pub fn fit(
     let mut obs = rep.observer();
     for e in info.epochs.len()..total {
         let te = Instant::now();
-        let stats = pipeline
-            .run_epoch(e, &prepared.inputs, &mut obs)
-            .with_context(|| format!("training epoch {}", e + 1))?;
+        let stats = match pipeline.run_epoch(e, &prepared.inputs, &mut obs) {
+            Ok(s) => s,
+            Err(ncclean_pipelines::Error::Interrupted) => {
+                return Err(interrupted(run_dir.out(), &resume_dir, e, total))
+            }
+            Err(err) => return Err(Error::from(err).context(format!("training epoch {}", e + 1))),
+        };
         obs.finish();
         rep.epoch(&stats, total, te.elapsed().as_secs_f64());
         info.epochs.push(stats);
@@ -196,25 +212,25 @@ pub fn fit(
     let epochs = info.epochs;
     pipeline
         .finalize(&prepared.inputs, &mut obs)
-        .context("final division")?;
+        .map_err(|e| Error::from(e).context("final division"))?;
     obs.finish();
     let train_seconds = t1.elapsed().as_secs_f64();
 
     let state = make_state(pipeline.as_ref());
-    let ckpt_dir = opts.out_dir.join("checkpoint");
+    let ckpt_dir = out.join("checkpoint");
     checkpoint::save(&ckpt_dir, &state, pipeline.as_ref())?;
     drop(pipeline);
 
     // Score through the reloaded checkpoint: exactly what `ncclean score` does.
     let engine = Engine::load(&ckpt_dir, device)?;
     let scored = engine.score(input, &prepared, false, rep)?;
-    let labels_path = opts.out_dir.join("labels.parquet");
+    let labels_path = out.join("labels.parquet");
     data::write_labels(&labels_path, &scored.labels, &scored.metadata)?;
     let keep = keep_mask(input, &scored.labels)?;
     let filtered = data::write_filtered(
         input,
         &keep,
-        &opts.out_dir.join("filtered.parquet"),
+        &out.join("filtered.parquet"),
         &scored.metadata,
     )?;
 
@@ -233,7 +249,7 @@ pub fn fit(
         filtered_rows: filtered.rows_out,
     };
     let stats_json = serde_json::to_vec_pretty(&summary).context("serialising stats")?;
-    data::write_atomic(&opts.out_dir.join("stats.json"), &stats_json)?;
+    data::write_atomic(&out.join("stats.json"), &stats_json)?;
     let run = serde_json::json!({
         "ncclean_version": env!("CARGO_PKG_VERSION"),
         "method": opts.method,
@@ -248,13 +264,40 @@ pub fn fit(
         "checkpoint_sha256": scored.metadata.get("ncclean.checkpoint_sha256"),
         "device": format!("{device:?}"),
         "command": std::env::args().collect::<Vec<_>>(),
+        rundir::COMPLETE_KEY: true,
     });
     let run_json = serde_json::to_vec_pretty(&run).context("serialising run.json")?;
-    data::write_atomic(&opts.out_dir.join("run.json"), &run_json)?;
+    // Written last: its presence says every other output is in place.
+    data::write_atomic(&out.join("run.json"), &run_json)?;
+    crate::interrupt::check()?;
+    run_dir.commit()?;
     // The run is complete: its epoch checkpoint has served.
     if resume_dir.exists() {
         std::fs::remove_dir_all(&resume_dir)
             .with_context(|| format!("cannot remove {}", resume_dir.display()))?;
     }
     Ok(summary)
+}
+
+/// The error for a stop during epoch `e` (0-based) of `total`, saying what
+/// is kept and how to continue.
+fn interrupted(
+    out: &std::path::Path,
+    resume_dir: &std::path::Path,
+    e: usize,
+    total: usize,
+) -> Error {
+    let kept = if e == 0 {
+        "no epoch had finished".to_string()
+    } else {
+        format!(
+            "epochs 1-{e} are saved in {}; run the same command with --resume to continue",
+            resume_dir.display()
+        )
+    };
+    Error::Interrupted(format!(
+        "interrupted during epoch {} of {total}: {} was left as it was; {kept}",
+        e + 1,
+        out.display()
+    ))
 }

@@ -212,6 +212,7 @@ fn read_pass(
     obs.start("reading", n as u64);
     for batch in input.pairs(READ_BATCH_ROWS) {
         let batch = batch?;
+        crate::interrupt::check()?;
         if let Some(ex) = extraction.as_deref_mut() {
             ex.push(&batch)?;
         }

@@ -61,6 +61,7 @@ pub fn extract(
     obs.start("encoding", input.num_rows() as u64);
     for batch in input.pairs(READ_ROWS) {
         let batch = batch?;
+        crate::interrupt::check()?;
         ex.push(&batch)?;
         obs.advance(batch.len() as u64);
     }
