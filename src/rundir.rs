@@ -348,11 +348,13 @@ mod tests {
         }
         // A file argument's directory is not listed: a run beside it is fine.
         let beside = data.join("run");
-        let run = RunDir::begin(&beside, inputs(&[shard.clone()], &files), false).unwrap();
+        let run =
+            RunDir::begin(&beside, inputs(std::slice::from_ref(&shard), &files), false).unwrap();
         drop(run);
         // --force allows a run inside a listed directory, never around an input.
-        assert!(RunDir::begin(&beside, inputs(&[data.clone()], &files), true).is_ok());
-        let e = RunDir::begin(&data, inputs(&[shard.clone()], &files), true).unwrap_err();
+        assert!(RunDir::begin(&beside, inputs(std::slice::from_ref(&data), &files), true).is_ok());
+        let e =
+            RunDir::begin(&data, inputs(std::slice::from_ref(&shard), &files), true).unwrap_err();
         assert!(e.to_string().contains("would delete it"), "{e}");
     }
 
