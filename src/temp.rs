@@ -155,6 +155,50 @@ pub fn sweep(path: &Path) -> Result<Vec<Found>> {
     Ok(live)
 }
 
+/// A file output written under this process's temporary name, renamed into
+/// place by [`commit`](Self::commit) and removed if dropped before. Lets a
+/// command finish several outputs first and rename them in together, with no
+/// interrupt check between the renames, so a stop never leaves one new and
+/// one old.
+#[derive(Debug)]
+pub struct Pending {
+    tmp: PathBuf,
+    path: PathBuf,
+}
+
+impl Pending {
+    /// A pending output for `path`, after sweeping dead writers' temporaries.
+    pub fn new(path: &Path) -> Result<Pending> {
+        sweep(path)?;
+        Ok(Pending {
+            tmp: name(path, Kind::Tmp),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Where to write the output meanwhile.
+    pub fn path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Rename the written output into place.
+    pub fn commit(mut self) -> Result<()> {
+        std::fs::rename(&self.tmp, &self.path).with_context(|| {
+            format!("renaming {} to {}", self.tmp.display(), self.path.display())
+        })?;
+        self.tmp = PathBuf::new();
+        Ok(())
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
 /// Put the complete directory `new` (this process's temporary) in place of
 /// `dir`, and remove what `dir` held before.
 ///
@@ -275,6 +319,23 @@ mod tests {
             let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
             assert_eq!(names.len(), 1, "round {round}: only the run is left");
         }
+    }
+
+    #[test]
+    fn pending_outputs_appear_on_commit_and_vanish_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("labels.parquet");
+        let b = dir.path().join("filtered.parquet");
+        std::fs::write(&a, b"old").unwrap();
+        let (pa, pb) = (Pending::new(&a).unwrap(), Pending::new(&b).unwrap());
+        std::fs::write(pa.path(), b"new").unwrap();
+        std::fs::write(pb.path(), b"new").unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), b"old");
+        pa.commit().unwrap();
+        drop(pb);
+        assert_eq!(std::fs::read(&a).unwrap(), b"new");
+        assert!(!b.exists());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]

@@ -48,11 +48,23 @@ pub fn run(a: ScoreArgs, rep: &Reporter) -> Result<()> {
     }
     let prepared = engine.prepare(&input, &a.cache.options(), rep)?;
     let scored = engine.score(&input, &prepared, a.refit, rep)?;
-    data::write_labels(&a.out, &scored.labels, &scored.metadata)?;
+    // Both outputs are finished under temporary names, then renamed in
+    // together: an interrupt never leaves new labels beside an old filter.
+    let labels_out = crate::temp::Pending::new(&a.out)?;
+    data::write_labels(labels_out.path(), &scored.labels, &scored.metadata)?;
     let mut filtered_rows = None;
+    let mut filtered_out = None;
     if let Some(f) = &a.filtered {
+        let pending = crate::temp::Pending::new(f)?;
         let keep = keep_mask(&input, &scored.labels)?;
-        filtered_rows = Some(data::write_filtered(&input, &keep, f, &scored.metadata)?.rows_out);
+        let written = data::write_filtered(&input, &keep, pending.path(), &scored.metadata)?;
+        filtered_rows = Some(written.rows_out);
+        filtered_out = Some(pending);
+    }
+    crate::interrupt::check()?;
+    labels_out.commit()?;
+    if let Some(p) = filtered_out {
+        p.commit()?;
     }
     let clean = scored.labels.iter().filter(|l| l.is_clean).count();
     let pps = scored.pairs as f64 / scored.seconds.max(1e-9);
