@@ -194,6 +194,52 @@ impl ImageInputs {
         self.len() == 0
     }
 
+    /// The distinct images: `(first, of)`, where `first` holds the first
+    /// pair of each distinct image, in order of appearance, and pair `i`
+    /// shows image `first[of[i]]`. Caption datasets and web shards repeat
+    /// images (Flickr8k: five captions each), so whole-dataset passes embed
+    /// each image once. Precomputed features are compared exactly (global
+    /// vector bits and local item); pixels count every pair as distinct,
+    /// since a trainable tower's output is cheap next to its bookkeeping.
+    pub fn distinct(&self) -> (Vec<usize>, Vec<u32>) {
+        let n = self.len();
+        let identity = || ((0..n).collect(), (0..n as u32).collect());
+        let ImageInputs::Embeddings { data, dim, local } = self else {
+            return identity();
+        };
+        let row = |i: usize| &data[i * dim..(i + 1) * dim];
+        let item = |i: usize| local.as_ref().map(|l| l.index[i]);
+        let mut seen: std::collections::HashMap<u64, Vec<u32>> = Default::default();
+        let mut first = Vec::new();
+        let mut of = Vec::with_capacity(n);
+        for i in 0..n {
+            // FNV-1a over the vector's bits and its local item.
+            let mut h: u64 = 0xCBF2_9CE4_8422_2325;
+            for x in row(i).iter().map(|x| x.to_bits()).chain(item(i)) {
+                h = (h ^ u64::from(x)).wrapping_mul(0x0000_0100_0000_01B3);
+            }
+            let same = |&&k: &&u32| {
+                let j = first[k as usize];
+                item(j) == item(i)
+                    && row(j)
+                        .iter()
+                        .zip(row(i))
+                        .all(|(a, b)| a.to_bits() == b.to_bits())
+            };
+            let bucket = seen.entry(h).or_default();
+            match bucket.iter().find(same) {
+                Some(&k) => of.push(k),
+                None => {
+                    let k = first.len() as u32;
+                    bucket.push(k);
+                    first.push(i);
+                    of.push(k);
+                }
+            }
+        }
+        (first, of)
+    }
+
     /// Gather images `idx`: pixels as f32 `[B, 3, S, S]` scaled to [-1, 1],
     /// embeddings as `[B, dim]` (with their local features, if loaded).
     pub fn batch(&self, idx: &[usize], device: &Device) -> Result<ImageBatch> {

@@ -101,21 +101,38 @@ impl Net {
         Ok((pi.detach(), pt.detach()))
     }
 
-    /// Embeddings of every pair, computed in chunks without gradients.
+    /// Embeddings of every pair, computed in chunks without gradients. Each
+    /// distinct image is embedded once ([`ImageInputs::distinct`]) and
+    /// shared by the pairs that show it.
+    ///
+    /// [`ImageInputs::distinct`]: ncclean_models::ImageInputs::distinct
     pub fn embed_all(&self, data: &PairInputs, chunk: usize) -> Result<(Tensor, Tensor)> {
         let n = data.len();
-        let mut is = Vec::new();
-        let mut ts = Vec::new();
-        let idx: Vec<usize> = (0..n).collect();
-        for c in idx.chunks(chunk.max(1)) {
-            let (vi, vt) = self.batch_embeddings(data, c)?;
-            is.push(vi.detach());
-            ts.push(vt.detach());
-        }
-        if is.is_empty() {
+        if n == 0 {
             candle_core::bail!("no pairs to embed");
         }
-        Ok((Tensor::cat(&is, 0)?, Tensor::cat(&ts, 0)?))
+        let chunked = |idx: &[usize], embed: &dyn Fn(&[usize]) -> Result<Tensor>| {
+            let parts = idx
+                .chunks(chunk.max(1))
+                .map(|c| Ok(embed(c)?.detach()))
+                .collect::<Result<Vec<_>>>()?;
+            Tensor::cat(&parts, 0)
+        };
+        let (first, of) = data.images.distinct();
+        let vi = chunked(&first, &|c| {
+            self.model
+                .embed_images(&data.images.batch(c, &self.device)?)
+        })?;
+        let vi = if first.len() < n {
+            vi.index_select(&Tensor::from_vec(of, n, &self.device)?, 0)?
+        } else {
+            vi
+        };
+        let all: Vec<usize> = (0..n).collect();
+        let vt = chunked(&all, &|c| {
+            self.model.embed_texts(&data.texts.batch(c, &self.device)?)
+        })?;
+        Ok((vi, vt))
     }
 
     /// Backward pass, global gradient-norm clipping, optimiser step.
