@@ -286,11 +286,37 @@ impl Recon {
     ) -> Result<Stats> {
         let n = data.len();
         let all: Vec<usize> = (0..n).collect();
+        let dev = net.device();
         // Embeddings and L_IM belong to one pair each: one pass over the
-        // local features; only L_CM and p_i need the shuffled batches.
+        // local features; only L_CM and p_i need the shuffled batches. The
+        // image side (projecting every grid cell, ~90% of the work) runs once
+        // per distinct image of a chunk and is shared by its captions; chunks
+        // bound the memory of the projected cells.
+        let (_, image_of) = data.images.distinct();
         let (mut vis, mut vts, mut l_im) = (Vec::new(), Vec::new(), Vec::with_capacity(n));
         for chunk in all.chunks(cfg.batch_size.max(1)) {
-            let (gi, gt, im) = local_embed(net, data, chunk, self.params.relation_tau)?;
+            let mut firsts: Vec<usize> = Vec::new();
+            let mut slot: std::collections::HashMap<u32, u32> = Default::default();
+            let rows: Vec<u32> = chunk
+                .iter()
+                .map(|&i| {
+                    *slot.entry(image_of[i]).or_insert_with(|| {
+                        firsts.push(i);
+                        firsts.len() as u32 - 1
+                    })
+                })
+                .collect();
+            let (gi, li, _) = net
+                .model
+                .embed_images_local(&data.images.batch(&firsts, dev)?)?;
+            let (gi, li) = if firsts.len() < chunk.len() {
+                let rows = Tensor::from_vec(rows, chunk.len(), dev)?;
+                (gi.index_select(&rows, 0)?, li.index_select(&rows, 0)?)
+            } else {
+                (gi, li)
+            };
+            let (gt, lt, mask) = net.model.embed_texts_local(&data.texts.batch(chunk, dev)?)?;
+            let im = intra_modal_loss(&li, &lt, &mask, self.params.relation_tau)?;
             vis.push(gi.detach());
             vts.push(gt.detach());
             l_im.extend(im.detach().to_vec1::<f32>()?);
