@@ -177,7 +177,7 @@ impl Pending {
     }
 
     /// Where to write the output meanwhile.
-    pub fn path(&self) -> &Path {
+    pub fn tmp_path(&self) -> &Path {
         &self.tmp
     }
 
@@ -328,8 +328,8 @@ mod tests {
         let b = dir.path().join("filtered.parquet");
         std::fs::write(&a, b"old").unwrap();
         let (pa, pb) = (Pending::new(&a).unwrap(), Pending::new(&b).unwrap());
-        std::fs::write(pa.path(), b"new").unwrap();
-        std::fs::write(pb.path(), b"new").unwrap();
+        std::fs::write(pa.tmp_path(), b"new").unwrap();
+        std::fs::write(pb.tmp_path(), b"new").unwrap();
         assert_eq!(std::fs::read(&a).unwrap(), b"old");
         pa.commit().unwrap();
         drop(pb);

@@ -315,7 +315,9 @@ impl Recon {
             } else {
                 (gi, li)
             };
-            let (gt, lt, mask) = net.model.embed_texts_local(&data.texts.batch(chunk, dev)?)?;
+            let (gt, lt, mask) = net
+                .model
+                .embed_texts_local(&data.texts.batch(chunk, dev)?)?;
             let im = intra_modal_loss(&li, &lt, &mask, self.params.relation_tau)?;
             vis.push(gi.detach());
             vts.push(gt.detach());

@@ -51,13 +51,13 @@ pub fn run(a: ScoreArgs, rep: &Reporter) -> Result<()> {
     // Both outputs are finished under temporary names, then renamed in
     // together: an interrupt never leaves new labels beside an old filter.
     let labels_out = crate::temp::Pending::new(&a.out)?;
-    data::write_labels(labels_out.path(), &scored.labels, &scored.metadata)?;
+    data::write_labels(labels_out.tmp_path(), &scored.labels, &scored.metadata)?;
     let mut filtered_rows = None;
     let mut filtered_out = None;
     if let Some(f) = &a.filtered {
         let pending = crate::temp::Pending::new(f)?;
         let keep = keep_mask(&input, &scored.labels)?;
-        let written = data::write_filtered(&input, &keep, pending.path(), &scored.metadata)?;
+        let written = data::write_filtered(&input, &keep, pending.tmp_path(), &scored.metadata)?;
         filtered_rows = Some(written.rows_out);
         filtered_out = Some(pending);
     }
