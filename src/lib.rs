@@ -15,6 +15,7 @@ pub mod engine;
 pub mod error;
 pub mod features;
 pub mod hex;
+pub mod images;
 pub mod interrupt;
 pub mod metrics;
 pub(crate) mod parallel;

@@ -758,3 +758,290 @@ fn corrupt_records_ground_truth_and_permutation() {
         &DataType::Boolean
     );
 }
+
+/// CRC-32 (IEEE) for hand-written PNG chunks.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = 0xFFFF_FFFFu32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// A ~70-byte PNG whose header declares `w × h` RGB pixels (its pixel data
+/// is a zlib stream of nothing): decoding it would allocate w·h·3 bytes.
+fn png_declaring(w: u32, h: u32) -> Vec<u8> {
+    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut chunk = |kind: &[u8; 4], data: &[u8]| {
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        let mut body = kind.to_vec();
+        body.extend_from_slice(data);
+        out.extend_from_slice(&body);
+        out.extend_from_slice(&crc32(&body).to_be_bytes());
+    };
+    let mut ihdr = Vec::new();
+    ihdr.extend_from_slice(&w.to_be_bytes());
+    ihdr.extend_from_slice(&h.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+    chunk(b"IHDR", &ihdr);
+    chunk(b"IDAT", &[0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01]);
+    chunk(b"IEND", &[]);
+    out
+}
+
+/// A `side × side` PNG filled by `px`.
+fn png_file(path: &Path, side: u32, px: impl Fn(u32, u32) -> [u8; 3]) {
+    image::RgbImage::from_fn(side, side, |x, y| image::Rgb(px(x, y)))
+        .save_with_format(path, image::ImageFormat::Png)
+        .unwrap();
+}
+
+/// Run `ncclean args`, killing it and failing the test if it has not
+/// finished within `limit` (a FIFO used to hang the process forever).
+/// Output goes to files, so a full pipe cannot stall the child.
+fn ncclean_within(args: &[&str], dir: &Path, limit: std::time::Duration) -> std::process::Output {
+    let out_path = dir.join("child.stdout");
+    let err_path = dir.join("child.stderr");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ncclean"))
+        .args(args)
+        .stdout(File::create(&out_path).unwrap())
+        .stderr(File::create(&err_path).unwrap())
+        .spawn()
+        .expect("failed to start ncclean");
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!(
+                "ncclean {args:?} still ran after {limit:?} (hung on an image?); stderr:\n{}",
+                std::fs::read_to_string(&err_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    std::process::Output {
+        status,
+        stdout: std::fs::read(&out_path).unwrap(),
+        stderr: std::fs::read(&err_path).unwrap(),
+    }
+}
+
+/// Image paths come from the data and may be hostile: devices, FIFOs,
+/// directories, paths out of the dataset, oversized files and images whose
+/// header declares a huge size. Each such row is skipped with its reason
+/// (nothing hangs, nothing is decoded that should not be), the other rows
+/// train, and the flags lift or tighten the rules.
+#[cfg(unix)]
+#[test]
+fn hostile_image_paths_are_skipped_with_reasons() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(data.join("imgs")).unwrap();
+    let colours = [[220, 30, 30], [30, 200, 40], [40, 60, 210], [230, 220, 40]];
+    let words = ["red", "green", "blue", "yellow"];
+    let mut rows: Vec<(String, String)> = Vec::new();
+    for i in 0..16 {
+        let name = format!("imgs/ok{i}.png");
+        let c = colours[i % 4];
+        png_file(&data.join(&name), 16, |x, y| {
+            [
+                c[0],
+                c[1],
+                c[2].wrapping_add(((x + y) as u8).wrapping_mul(i as u8)),
+            ]
+        });
+        rows.push((name, format!("a {} square", words[i % 4])));
+    }
+    // Hostile files, all made here.
+    let fifo = data.join("imgs/fifo.png");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    std::fs::create_dir_all(data.join("imgs/dir.png")).unwrap();
+    // 64 × 64 noise compresses badly: a valid PNG of over 4 KiB.
+    png_file(&data.join("imgs/big.png"), 64, |x, y| {
+        let v =
+            (x.wrapping_mul(2_654_435_761) ^ y.wrapping_mul(40_503)).wrapping_mul(2_246_822_519);
+        [(v >> 24) as u8, (v >> 16) as u8, (v >> 8) as u8]
+    });
+    assert!(std::fs::metadata(data.join("imgs/big.png")).unwrap().len() > 4096);
+    std::fs::write(data.join("imgs/huge.png"), png_declaring(12_000, 12_000)).unwrap();
+    let outside = tmp.path().join("outside.png");
+    png_file(&outside, 16, |_, _| [220, 30, 30]);
+    std::os::unix::fs::symlink(&outside, data.join("imgs/link.png")).unwrap();
+    // Enough `..` to reach / from any temporary directory.
+    let passwd = format!("{}etc/passwd", "../".repeat(30));
+    let hostile = [
+        ("imgs/fifo.png", "fifo"),
+        ("imgs/dir.png", "dir"),
+        (passwd.as_str(), "passwd"),
+        ("/dev/zero", "zero"),
+        (outside.to_str().unwrap(), "absolute"),
+        ("imgs/big.png", "big"),
+        ("imgs/huge.png", "huge"),
+        ("imgs/link.png", "link"),
+    ];
+    for (path, _) in hostile {
+        rows.push((path.to_string(), "a red square".to_string()));
+    }
+    let keys: Vec<String> = (0..16)
+        .map(|i| format!("ok{i}"))
+        .chain(hostile.iter().map(|(_, k)| k.to_string()))
+        .collect();
+    let parquet = data.join("paths.parquet");
+    write_parquet(
+        &parquet,
+        vec![
+            ("key", Arc::new(StringArray::from(keys)) as ArrayRef),
+            (
+                "image_path",
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.0))) as ArrayRef,
+            ),
+            (
+                "caption",
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.1))) as ArrayRef,
+            ),
+        ],
+    );
+    let limit = std::time::Duration::from_secs(120);
+    let errors = |run: &Path| -> std::collections::HashMap<String, Option<String>> {
+        let (labels, _) = read_labels(&run.join("labels.parquet")).unwrap();
+        assert_eq!(labels.len(), 24, "every row has a label");
+        labels
+            .into_iter()
+            .map(|l| {
+                assert_eq!(l.error.is_some(), l.status == RowStatus::Skipped, "{l:?}");
+                (l.key, l.error)
+            })
+            .collect()
+    };
+    let fit = |run: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "fit",
+            p(&parquet),
+            "--out-dir",
+            p(run),
+            "--epochs",
+            "1",
+            "--warmup-epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--max-image-bytes",
+            "4K",
+            "--max-skipped",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        let out = ncclean_within(&args, tmp.path(), limit);
+        assert!(
+            out.status.success(),
+            "{:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        errors(run)
+    };
+
+    let confined = fit(&tmp.path().join("run"), &[]);
+    let why = |errors: &std::collections::HashMap<String, Option<String>>, key: &str| {
+        errors[key].clone().unwrap_or_default()
+    };
+    for i in 0..16 {
+        assert_eq!(confined[&format!("ok{i}")], None, "ok{i} is a normal image");
+    }
+    let expect = [
+        ("fifo", "is a FIFO (named pipe), not a regular file"),
+        ("dir", "is a directory, not a regular file"),
+        ("passwd", "leads outside"),
+        ("zero", "image path /dev/zero is absolute"),
+        ("absolute", "is absolute"),
+        ("big", "over the 4 KiB limit (--max-image-bytes)"),
+        (
+            "huge",
+            "image is 12000×12000 pixels (144 megapixels), over the 50 megapixel limit",
+        ),
+        ("link", "through a symbolic link"),
+    ];
+    for (key, reason) in expect {
+        let e = why(&confined, key);
+        assert!(e.contains(reason), "{key}: {e:?} should contain {reason:?}");
+    }
+    for key in ["passwd", "zero", "absolute", "link"] {
+        assert!(
+            why(&confined, key).contains("--allow-absolute-paths"),
+            "{key}"
+        );
+    }
+
+    // --allow-absolute-paths reads outside the dataset, but a device is
+    // still not a regular file and /etc/passwd still not an image.
+    let open = fit(&tmp.path().join("run2"), &["--allow-absolute-paths"]);
+    assert_eq!(open["absolute"], None);
+    assert_eq!(open["link"], None);
+    let e = why(&open, "zero");
+    assert!(
+        e.contains("/dev/zero is a character device, not a regular file"),
+        "{e}"
+    );
+    let e = why(&open, "passwd");
+    assert!(e.contains("cannot decode image"), "{e}");
+    for key in ["fifo", "dir", "big", "huge"] {
+        assert!(open[key].is_some(), "{key}");
+    }
+
+    // inspect decodes the same way and has the same flags.
+    let out = ncclean_within(
+        &[
+            "inspect",
+            p(&parquet),
+            "--json",
+            "--max-image-pixels",
+            "200",
+        ],
+        tmp.path(),
+        limit,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // 16 × 16 = 256 pixels is over 200: every row is unusable now.
+    assert_eq!(v["unusable"], 24, "{v}");
+
+    // The limits are recorded with the run.
+    let run_json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("run/run.json")).unwrap()).unwrap();
+    assert_eq!(run_json["image_limits"]["max_bytes"], 4096);
+    assert_eq!(run_json["image_limits"]["max_pixels"], 50_000_000);
+    assert_eq!(run_json["image_limits"]["allow_absolute_paths"], false);
+}
+
+/// Zero or malformed limits are usage errors.
+#[test]
+fn image_limit_flags_are_validated() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("none.parquet");
+    let run = tmp.path().join("run");
+    for (name, flag, value) in [
+        ("fit_max_image_bytes_zero", "--max-image-bytes", "0"),
+        ("fit_max_image_bytes_bad_unit", "--max-image-bytes", "64X"),
+        ("fit_max_image_pixels_zero", "--max-image-pixels", "0"),
+    ] {
+        let out = ncclean(&["fit", p(&data), "--out-dir", p(&run), flag, value]);
+        assert_snapshot(name, &out, tmp.path());
+    }
+}

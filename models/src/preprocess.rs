@@ -77,6 +77,10 @@ impl ImagePreprocess {
     /// Decode any common format, convert to RGB, resize/crop, scale to
     /// [0, 1] and normalise. Returns channel-major `3 × size × size` values;
     /// the error says what could not be decoded.
+    ///
+    /// This decodes with the image crate's default limits only: bytes from
+    /// untrusted data should be decoded under a pixel budget first and then
+    /// handed to [`ImagePreprocess::apply_image`].
     pub fn apply(&self, bytes: &[u8]) -> Result<Vec<f32>, String> {
         let img =
             image::load_from_memory(bytes).map_err(|e| format!("cannot decode image: {e}"))?;
@@ -97,6 +101,32 @@ impl ImagePreprocess {
             }
         }
         out
+    }
+
+    /// An upper bound on the bytes [`ImagePreprocess::apply_image`]
+    /// allocates for a decoded `w × h` image, besides the image itself: its
+    /// RGB copy, the resampling buffers (the image crate resizes through a
+    /// `w × new height` RGBA f32 intermediate) and the output. An absurd
+    /// aspect ratio (a 50,000,000 × 1 image) gives a huge number (at most
+    /// `u64::MAX`) rather than an overflow, so callers can refuse it before
+    /// decoding.
+    pub fn working_bytes(&self, w: u32, h: u32) -> u64 {
+        // u128: no product of u32 sides and small factors can overflow it.
+        let (w, h, size) = (u128::from(w), u128::from(h), u128::from(self.size));
+        let (nw, nh) = match self.resize {
+            ResizeMode::Stretch => (size, size),
+            ResizeMode::ShorterSideCentreCrop => {
+                let scaled = |long: u128, short: u128| size * long / short.max(1);
+                let (nw, nh) = if w <= h {
+                    (size, scaled(h, w))
+                } else {
+                    (scaled(w, h), size)
+                };
+                (nw.max(size), nh.max(size))
+            }
+        };
+        let plane = size * size;
+        clamp(3 * w * h + resize_bytes(w, nw, nh) + 3 * plane + 3 * plane * 4)
     }
 
     /// A stable string naming this preprocessing, for feature-cache keys.
@@ -156,12 +186,42 @@ impl ImagePreprocess {
     }
 }
 
+/// Bytes of `image::imageops::resize` from width `w` to `nw × nh`: the
+/// vertical pass writes a `w × nh` RGBA f32 image, the horizontal pass the
+/// `nw × nh` RGB8 result.
+fn resize_bytes(w: u128, nw: u128, nh: u128) -> u128 {
+    16 * w * nh + 3 * nw * nh
+}
+
+/// A byte count that does not fit u64 is as good as infinite.
+fn clamp(bytes: u128) -> u64 {
+    u64::try_from(bytes).unwrap_or(u64::MAX)
+}
+
 /// Decode any common image format and resize it (stretching, like the
 /// from-scratch demo CNN expects) to `size × size` RGB, channel-major
 /// (`3 × size × size` bytes). The error says what could not be decoded.
+///
+/// Like [`ImagePreprocess::apply`], this uses the image crate's default
+/// limits only; untrusted bytes should be decoded under a budget and passed
+/// to [`rgb_square`].
 pub fn decode_rgb_square(bytes: &[u8], size: u32) -> Result<Vec<u8>, String> {
     let img = image::load_from_memory(bytes).map_err(|e| format!("cannot decode image: {e}"))?;
-    let rgb = img.to_rgb8();
+    Ok(rgb_square(img, size))
+}
+
+/// An upper bound on the bytes [`rgb_square`] allocates for a decoded
+/// `w × h` image besides the image itself (see
+/// [`ImagePreprocess::working_bytes`]).
+pub fn rgb_square_working_bytes(w: u32, h: u32, size: u32) -> u64 {
+    let (w, h, size) = (u128::from(w), u128::from(h), u128::from(size));
+    clamp(3 * w * h + resize_bytes(w, size, size) + 3 * size * size)
+}
+
+/// [`decode_rgb_square`] for an already decoded image.
+pub fn rgb_square(img: DynamicImage, size: u32) -> Vec<u8> {
+    // An RGB8 image is moved, not copied.
+    let rgb = img.into_rgb8();
     let rgb = if rgb.width() == size && rgb.height() == size {
         rgb
     } else {
@@ -174,7 +234,7 @@ pub fn decode_rgb_square(bytes: &[u8], size: u32) -> Result<Vec<u8>, String> {
         out[plane + i] = px[1];
         out[2 * plane + i] = px[2];
     }
-    Ok(out)
+    out
 }
 
 #[cfg(test)]
@@ -331,6 +391,24 @@ mod tests {
         assert!(json.contains("\"shorter_side_centre_crop\""), "{json}");
         let back: ImagePreprocess = serde_json::from_str(&json).unwrap();
         assert_eq!(back, ImagePreprocess::clip());
+    }
+
+    #[test]
+    fn working_bytes_cover_the_rgb_copy_and_the_resize() {
+        let p = ImagePreprocess::imagenet();
+        // A 500 × 375 photo: RGB copy, a 500 × 224 f32 RGBA intermediate,
+        // the 298 × 224 resized image, the crop and the f32 output.
+        let want = 3 * 500 * 375 + 16 * 500 * 224 + 3 * 298 * 224 + 3 * 224 * 224 + 12 * 224 * 224;
+        assert_eq!(p.working_bytes(500, 375), want);
+        // An absurd aspect ratio needs gigabytes to resize, and says so
+        // rather than overflowing.
+        assert!(p.working_bytes(40_000, 1) > 6_000_000_000);
+        assert!(p.working_bytes(u32::MAX, 1) > 1 << 40);
+        assert_eq!(p.working_bytes(u32::MAX, u32::MAX), u64::MAX);
+        assert_eq!(
+            rgb_square_working_bytes(64, 32, 8),
+            3 * 64 * 32 + 16 * 64 * 8 + 3 * 8 * 8 + 3 * 8 * 8
+        );
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub struct EvalArgs {
     pub data: Vec<PathBuf>,
     #[command(flatten)]
     pub cache: super::CacheArgs,
+    /// Image limits (retrieval mode).
+    #[command(flatten)]
+    pub images: super::ImageArgs,
     /// Device for retrieval mode.
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -244,7 +247,11 @@ fn run_retrieval(a: &EvalArgs, rep: &Reporter) -> Result<()> {
         .as_deref()
         .ok_or_else(|| crate::Error::Usage("--retrieval needs --checkpoint".into()))?;
     let engine = crate::engine::Engine::load(checkpoint, &device)?;
-    let input = crate::data::InputSet::open(&a.data, &crate::data::ColumnOptions::default())?;
+    let opts = crate::data::ColumnOptions {
+        image_limits: a.images.limits(),
+        ..Default::default()
+    };
+    let input = crate::data::InputSet::open(&a.data, &opts)?;
     let prepared = engine.prepare(&input, &a.cache.options(), rep)?;
     // One image per distinct image identity; every usable pair is a caption.
     let mut first: HashMap<u64, usize> = HashMap::new();

@@ -8,13 +8,15 @@ use crate::engine::{self, FitOptions};
 use crate::error::{invalid, Error, Result};
 use crate::progress::Reporter;
 
-use super::{CacheArgs, DataArgs, EncoderArgs, OutcomeArgs};
+use super::{CacheArgs, DataArgs, EncoderArgs, ImageArgs, OutcomeArgs};
 
 /// Arguments of `ncclean fit`.
 #[derive(Debug, Args)]
 pub struct FitArgs {
     #[command(flatten)]
     pub data: DataArgs,
+    #[command(flatten)]
+    pub images: ImageArgs,
     #[command(flatten)]
     pub encoders: EncoderArgs,
     #[command(flatten)]
@@ -126,7 +128,7 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     // Every key's range and the method's own parameters, before any input
     // is read (exit 2 naming the key, the value and the allowed range).
     ncclean_pipelines::registry::validate(&a.method, &config)?;
-    let input = a.data.open()?;
+    let input = a.data.open_with(&a.images)?;
     let encoders = crate::encoders::EncoderSpec::resolve(
         &input,
         a.encoders.image_encoder,

@@ -7,13 +7,15 @@ use clap::Args;
 use crate::error::Result;
 use crate::progress::Reporter;
 
-use super::DataArgs;
+use super::{DataArgs, ImageArgs};
 
 /// Arguments of `ncclean inspect`.
 #[derive(Debug, Args)]
 pub struct InspectArgs {
     #[command(flatten)]
     pub data: DataArgs,
+    #[command(flatten)]
+    pub images: ImageArgs,
     /// Skip decoding images (faster; only reports missing values and bad embeddings).
     #[arg(long)]
     pub no_decode: bool,
@@ -23,7 +25,7 @@ pub struct InspectArgs {
 }
 
 pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
-    let input = a.data.open()?;
+    let input = a.data.open_with(&a.images)?;
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     let mut unusable = 0usize;
     let mut examples: Vec<(String, String)> = Vec::new();

@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::data::{ColumnOptions, Preset};
 use crate::error::Result;
+use crate::images::ImageLimits;
 use crate::progress::{LogFormat, Reporter};
 
 mod corrupt;
@@ -82,7 +83,8 @@ pub struct DataArgs {
 }
 
 impl DataArgs {
-    /// The column options these flags describe.
+    /// The column options these flags describe, with the default image
+    /// limits.
     pub fn column_options(&self) -> ColumnOptions {
         ColumnOptions {
             image_col: self.image_col.clone(),
@@ -90,12 +92,91 @@ impl DataArgs {
             key_col: self.key_col.clone(),
             preset: self.preset,
             image_root: self.image_root.clone(),
+            image_limits: ImageLimits::default(),
         }
     }
 
-    /// Open and validate the inputs.
+    /// Open and validate the inputs, for commands that do not read images.
     pub fn open(&self) -> Result<crate::data::InputSet> {
         crate::data::InputSet::open(&self.data, &self.column_options())
+    }
+
+    /// Open and validate the inputs, reading their images within `images`.
+    pub fn open_with(&self, images: &ImageArgs) -> Result<crate::data::InputSet> {
+        let opts = ColumnOptions {
+            image_limits: images.limits(),
+            ..self.column_options()
+        };
+        crate::data::InputSet::open(&self.data, &opts)
+    }
+}
+
+/// Limits on reading and decoding images, for the commands that decode
+/// them (see `crate::images`).
+#[derive(Debug, Clone, Args)]
+pub struct ImageArgs {
+    /// Largest image file read from a path column; larger files are skipped
+    /// with their size. Bytes, or with a K, M or G suffix (powers of 1024).
+    #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = byte_size)]
+    pub max_image_bytes: u64,
+    /// Images with more pixels than this (width × height, read from the
+    /// header) are skipped without being decoded. All decode threads
+    /// together hold at most 32 bytes × this of decoded images, however many
+    /// cores there are.
+    #[arg(long, value_name = "PIXELS", default_value_t = crate::images::DEFAULT_MAX_IMAGE_PIXELS,
+          value_parser = pixel_count)]
+    pub max_image_pixels: u64,
+    /// Read image paths that are absolute or lead outside the parquet
+    /// file's directory (or --image-root), through `..` or a symbolic link.
+    /// Without it such rows are skipped with the reason.
+    #[arg(long)]
+    pub allow_absolute_paths: bool,
+}
+
+impl ImageArgs {
+    /// The limits these flags describe.
+    pub fn limits(&self) -> ImageLimits {
+        ImageLimits {
+            max_bytes: self.max_image_bytes,
+            max_pixels: self.max_image_pixels,
+            allow_absolute_paths: self.allow_absolute_paths,
+        }
+    }
+}
+
+/// A positive byte count: digits with an optional K, M or G suffix
+/// (powers of 1024; `KiB`/`KB` spellings accepted).
+fn byte_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let digits = t.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = t[digits.len()..].to_ascii_lowercase();
+    let shift = match unit.as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        _ => return Err(format!("expected a number of bytes such as 64M, got {s:?}")),
+    };
+    match digits
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+    {
+        Some(0) => Err("must be at least 1 byte".into()),
+        Some(n) => Ok(n),
+        None => Err(format!("expected a number of bytes such as 64M, got {s:?}")),
+    }
+}
+
+/// A positive pixel count.
+fn pixel_count(s: &str) -> std::result::Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("must be at least 1 pixel".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "expected a number of pixels such as 50000000, got {s:?}"
+        )),
     }
 }
 

@@ -9,13 +9,15 @@ use crate::engine::{keep_mask, Engine};
 use crate::error::Result;
 use crate::progress::Reporter;
 
-use super::{CacheArgs, DataArgs, OutcomeArgs};
+use super::{CacheArgs, DataArgs, ImageArgs, OutcomeArgs};
 
 /// Arguments of `ncclean score`.
 #[derive(Debug, Args)]
 pub struct ScoreArgs {
     #[command(flatten)]
     pub data: DataArgs,
+    #[command(flatten)]
+    pub images: ImageArgs,
     #[command(flatten)]
     pub cache: CacheArgs,
     #[command(flatten)]
@@ -40,7 +42,7 @@ pub struct ScoreArgs {
 pub fn run(a: ScoreArgs, rep: &Reporter) -> Result<()> {
     let device = crate::device::open(&a.device)?;
     let engine = Engine::load(&a.checkpoint, &device)?;
-    let input = a.data.open()?;
+    let input = a.data.open_with(&a.images)?;
     let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
     crate::rundir::check_not_an_input(&a.out, &files, "--out")?;
     if let Some(f) = &a.filtered {

@@ -18,6 +18,7 @@ use super::rows::{batch_to_pairs, list_values, plain, RowContext};
 use super::{ColumnMap, ColumnOptions, ImageKind, InputFile, InputSet, PairRow};
 use crate::error::{invalid, Result};
 use crate::hex::hex;
+use crate::images::ImageBase;
 
 /// Rows sampled from the first file to settle a variable-length embedding's
 /// dimension; small enough to keep `open` footer-cheap.
@@ -55,6 +56,7 @@ impl InputSet {
             files,
             columns,
             image_root: opts.image_root.clone(),
+            image_limits: opts.image_limits,
             embedding_dim,
             fingerprint: Default::default(),
         })
@@ -138,16 +140,18 @@ impl InputSet {
             .unwrap_or_default()
     }
 
-    /// Where relative image paths of `file` are resolved.
-    fn image_base(&self, file: usize) -> PathBuf {
-        match &self.image_root {
+    /// Where relative image paths of `file` are resolved, and whether they
+    /// must stay there.
+    fn image_base(&self, file: usize) -> ImageBase {
+        let dir = match &self.image_root {
             Some(root) => root.clone(),
             None => self.files[file]
                 .path
                 .parent()
                 .map(Path::to_path_buf)
                 .unwrap_or_default(),
-        }
+        };
+        ImageBase::new(dir, self.image_limits.allow_absolute_paths)
     }
 }
 

@@ -17,6 +17,8 @@ pub(crate) mod testutil;
 
 use std::path::PathBuf;
 
+use crate::images::ImageLimits;
+
 pub use columns::{image_columns, resolve_columns};
 pub(crate) use filter::check_same_schema;
 pub use filter::{write_filtered, FilterSummary};
@@ -42,8 +44,9 @@ pub enum Preset {
     Hf,
 }
 
-/// What the user said about columns (CLI flags `--image-col`,
-/// `--caption-col`, `--key-col`, `--preset`, `--image-root`).
+/// What the user said about columns and images (CLI flags `--image-col`,
+/// `--caption-col`, `--key-col`, `--preset`, `--image-root`, and the image
+/// limits).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ColumnOptions {
     /// Explicit image column; wins over preset and detection.
@@ -57,6 +60,8 @@ pub struct ColumnOptions {
     /// Directory that relative image paths are resolved against (default:
     /// the directory of the parquet file that holds the path).
     pub image_root: Option<PathBuf>,
+    /// Which image paths are read, and how large an image may be.
+    pub image_limits: ImageLimits,
 }
 
 /// How the image is stored.
@@ -109,6 +114,9 @@ pub struct InputSet {
     pub columns: ColumnMap,
     /// Where relative image paths are resolved, if not next to the file.
     pub image_root: Option<PathBuf>,
+    /// Which image paths are read and how large an image may be; the
+    /// readers of image files and the decoders apply them.
+    pub image_limits: ImageLimits,
     /// Expected embedding length for [`ImageKind::Embedding`] inputs: the
     /// fixed size of a FixedSizeList column, otherwise the most common length
     /// among the first rows of the first file. Rows of another length are
@@ -127,7 +135,8 @@ pub struct InputSet {
 pub enum ImageValue {
     /// Encoded image bytes.
     Bytes(Vec<u8>),
-    /// A resolved path; it may not exist (the decoder reports that).
+    /// A resolved path, inside the image base unless
+    /// `--allow-absolute-paths`; it may not exist (reading it reports that).
     Path(PathBuf),
     /// A precomputed embedding, all values finite, of `embedding_dim` length.
     Embedding(Vec<f32>),

@@ -3,8 +3,6 @@
 //! Every per-row defect becomes a `problem` text rather than an error, so one
 //! bad row never stops a run and is still reported in the labels.
 
-use std::path::{Path, PathBuf};
-
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
     Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
@@ -14,13 +12,14 @@ use arrow_schema::DataType;
 
 use super::{ColumnMap, ImageKind, ImageValue, PairRow};
 use crate::error::Result;
+use crate::images::ImageBase;
 
 /// What a batch needs to know about the file it came from.
 pub(crate) struct RowContext<'a> {
     pub file_index: usize,
     pub file_stem: &'a str,
-    /// Relative image paths are joined onto this.
-    pub image_base: &'a Path,
+    /// Relative image paths are resolved (and confined) here.
+    pub image_base: &'a ImageBase,
     pub columns: &'a ColumnMap,
     pub embedding_dim: Option<usize>,
 }
@@ -142,23 +141,11 @@ fn embedding_at(
     Ok(v)
 }
 
-fn resolve_path(base: &Path, raw: &str) -> std::result::Result<PathBuf, String> {
-    if raw.trim().is_empty() {
-        return Err("image path is empty".into());
-    }
-    let p = Path::new(raw);
-    Ok(if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        base.join(p)
-    })
-}
-
 /// A Hugging Face image: embedded bytes when present, else its path.
 fn struct_image_at(
     array: &dyn Array,
     row: usize,
-    base: &Path,
+    base: &ImageBase,
 ) -> Result<std::result::Result<ImageValue, String>> {
     if array.is_null(row) {
         return Ok(Err("image is null".into()));
@@ -175,7 +162,7 @@ fn struct_image_at(
     if let Some(path) = s.column_by_name("path") {
         let path = plain(path)?;
         if let Some(p) = string_at(path.as_ref(), row) {
-            return Ok(resolve_path(base, &p).map(ImageValue::Path));
+            return Ok(base.resolve(&p).map(ImageValue::Path));
         }
     }
     Ok(Err("image struct has neither bytes nor a path".into()))
@@ -225,7 +212,7 @@ pub(crate) fn batch_to_pairs(
             ImageKind::BytesPathStruct => struct_image_at(image.as_ref(), i, ctx.image_base)?,
             ImageKind::Path => match string_at(image.as_ref(), i) {
                 None => Err("image path is null".to_string()),
-                Some(p) => resolve_path(ctx.image_base, &p).map(ImageValue::Path),
+                Some(p) => ctx.image_base.resolve(&p).map(ImageValue::Path),
             },
             ImageKind::Embedding => {
                 embedding_at(image.as_ref(), i, ctx.embedding_dim).map(ImageValue::Embedding)

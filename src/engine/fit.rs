@@ -259,6 +259,8 @@ pub fn fit(
         "model": engine.state.model,
         "encoders": opts.encoders,
         "columns": input.columns,
+        "image_root": input.image_root,
+        "image_limits": input.image_limits,
         "inputs": (0..input.files.len()).map(|f| input.display_name(f)).collect::<Vec<_>>(),
         "input_fingerprint": scored.metadata.get("ncclean.input_fingerprint"),
         "checkpoint_sha256": scored.metadata.get("ncclean.checkpoint_sha256"),

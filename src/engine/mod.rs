@@ -56,6 +56,7 @@ pub(crate) fn test_input(rows: &[usize]) -> InputSet {
             key: None,
         },
         image_root: None,
+        image_limits: Default::default(),
         embedding_dim: None,
         fingerprint: Default::default(),
     }

@@ -7,7 +7,7 @@
 //! CNN or checks the embedding column. Once the pass is done, the rows that
 //! every side could use become the pairs, in input order.
 
-use ncclean_models::preprocess::decode_rgb_square;
+use ncclean_models::preprocess::{rgb_square, rgb_square_working_bytes};
 use ncclean_models::vocab::Vocab;
 use ncclean_models::{
     ImageInputs, ImageTowerConfig, LocalFeatures, PairInputs, TextInputs, TextTowerConfig,
@@ -20,6 +20,7 @@ use crate::data::{ImageKind, ImageValue, InputSet, PairRow};
 use crate::encoders::{EncoderSpec, ImageEncoder, ImageTower, TextTower};
 use crate::error::{invalid, Error, Result};
 use crate::features::{self, CacheOptions, Extraction, SideFeatures};
+use crate::images::{self, ImageLimits};
 use crate::parallel::parallel_map;
 use crate::progress::Reporter;
 
@@ -96,19 +97,33 @@ enum ImageOut {
     Embedding(Vec<f32>),
 }
 
+/// Decode `bytes` to the demo CNN's `size × size` pixels within `limits`.
+fn demo_pixels(
+    bytes: &[u8],
+    size: usize,
+    limits: &ImageLimits,
+) -> std::result::Result<ImageOut, String> {
+    let size = size as u32;
+    images::decode(
+        bytes,
+        limits,
+        |w, h| rgb_square_working_bytes(w, h, size),
+        |img| ImageOut::Pixels(rgb_square(img, size)),
+    )
+}
+
 /// Decode one image value for `path` (pixels or a checked embedding), or
 /// say why it cannot be used. Frozen towers decode in the extraction.
-fn decode_image(value: &ImageValue, path: ImagePath) -> std::result::Result<ImageOut, String> {
+fn decode_image(
+    value: &ImageValue,
+    path: ImagePath,
+    limits: &ImageLimits,
+) -> std::result::Result<ImageOut, String> {
     match (value, path) {
-        (ImageValue::Bytes(b), ImagePath::Pixels { size }) => {
-            decode_rgb_square(b, size as u32).map(ImageOut::Pixels)
-        }
+        (ImageValue::Bytes(b), ImagePath::Pixels { size }) => demo_pixels(b, size, limits),
         (ImageValue::Path(p), ImagePath::Pixels { size }) => {
-            let bytes = std::fs::read(p)
-                .map_err(|e| format!("cannot read image file {}: {e}", p.display()))?;
-            decode_rgb_square(&bytes, size as u32)
-                .map(ImageOut::Pixels)
-                .map_err(|e| format!("{}: {e}", p.display()))
+            let bytes = images::read_file(p, limits.max_bytes)?;
+            demo_pixels(&bytes, size, limits).map_err(|e| format!("{}: {e}", p.display()))
         }
         (ImageValue::Embedding(v), ImagePath::Column { dim }) => {
             if v.len() != dim {
@@ -131,16 +146,24 @@ fn decode_image(value: &ImageValue, path: ImagePath) -> std::result::Result<Imag
 }
 
 /// Decode the images of a batch on all cores, preserving order; rows
-/// already known to be unusable are not decoded.
-fn decode_batch(batch: &[PairRow], path: ImagePath) -> Vec<std::result::Result<ImageOut, String>> {
+/// already known to be unusable are not decoded. Memory stays within
+/// `limits`' decode budget whatever the number of cores (see
+/// [`crate::images`]).
+fn decode_batch(
+    batch: &[PairRow],
+    path: ImagePath,
+    limits: &ImageLimits,
+) -> Vec<std::result::Result<ImageOut, String>> {
     let values: Vec<Option<&ImageValue>> = batch
         .iter()
         .map(|r| r.image.as_ref().filter(|_| r.problem.is_none()))
         .collect();
     parallel_map(&values, |v| match v {
         // A decoder bug on one malformed image must not end the whole run.
-        Some(v) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode_image(v, path)))
-            .unwrap_or_else(|_| Err("the image decoder crashed on this image".to_string())),
+        Some(v) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            decode_image(v, path, limits)
+        }))
+        .unwrap_or_else(|_| Err("the image decoder crashed on this image".to_string())),
         None => Err("no image".to_string()),
     })
 }
@@ -218,7 +241,7 @@ fn read_pass(
         }
         let decoded = match path {
             ImagePath::Tower => Vec::new(),
-            _ => decode_batch(&batch, path),
+            _ => decode_batch(&batch, path, &input.image_limits),
         };
         let mut decoded = decoded.into_iter();
         for r in &batch {
@@ -583,30 +606,39 @@ mod tests {
 
     #[test]
     fn embeddings_are_checked_against_the_column_width() {
+        let limits = ImageLimits::default();
         let column = ImagePath::Column { dim: 2 };
         assert_eq!(
-            decode_image(&ImageValue::Embedding(vec![0.5, 1.0]), column),
+            decode_image(&ImageValue::Embedding(vec![0.5, 1.0]), column, &limits),
             Ok(ImageOut::Embedding(vec![0.5, 1.0]))
         );
         assert_eq!(
-            decode_image(&ImageValue::Embedding(vec![0.5]), column),
+            decode_image(&ImageValue::Embedding(vec![0.5]), column, &limits),
             Err("embedding has 1 values, the model expects 2".to_string())
         );
-        assert!(decode_image(&ImageValue::Bytes(vec![1]), column)
+        assert!(decode_image(&ImageValue::Bytes(vec![1]), column, &limits)
             .unwrap_err()
             .contains("expects a precomputed embedding"));
         let pixels = ImagePath::Pixels { size: 4 };
-        assert!(decode_image(&ImageValue::Embedding(vec![0.5]), pixels)
-            .unwrap_err()
-            .contains("expects image pixels"));
+        assert!(
+            decode_image(&ImageValue::Embedding(vec![0.5]), pixels, &limits)
+                .unwrap_err()
+                .contains("expects image pixels")
+        );
     }
 
     #[test]
     fn undecodable_images_say_why_and_name_the_file() {
+        let limits = ImageLimits::default();
         let pixels = ImagePath::Pixels { size: 4 };
-        assert!(decode_image(&ImageValue::Bytes(b"not an image".to_vec()), pixels).is_err());
+        assert!(decode_image(
+            &ImageValue::Bytes(b"not an image".to_vec()),
+            pixels,
+            &limits
+        )
+        .is_err());
         let missing = std::path::PathBuf::from("/no/such/image.png");
-        let e = decode_image(&ImageValue::Path(missing), pixels).unwrap_err();
+        let e = decode_image(&ImageValue::Path(missing), pixels, &limits).unwrap_err();
         assert!(
             e.starts_with("cannot read image file /no/such/image.png"),
             "{e}"

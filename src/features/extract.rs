@@ -15,6 +15,7 @@ use ncclean_pipelines::Observer;
 use crate::data::{ImageValue, InputSet, PairRow};
 use crate::encoders::{ImageTower, TextTower};
 use crate::error::Result;
+use crate::images::{self, ImageLimits};
 use crate::parallel::parallel_map;
 use crate::progress::Reporter;
 
@@ -31,12 +32,10 @@ pub struct Extracted {
     pub text: Option<SideFeatures>,
 }
 
-fn image_bytes(v: &ImageValue) -> std::result::Result<Vec<u8>, String> {
+fn image_bytes(v: &ImageValue, limits: &ImageLimits) -> std::result::Result<Vec<u8>, String> {
     match v {
         ImageValue::Bytes(b) => Ok(b.clone()),
-        ImageValue::Path(p) => {
-            std::fs::read(p).map_err(|e| format!("cannot read image file {}: {e}", p.display()))
-        }
+        ImageValue::Path(p) => images::read_file(p, limits.max_bytes),
         ImageValue::Embedding(_) => {
             Err("row holds an embedding but the image tower needs an image".into())
         }
@@ -83,6 +82,8 @@ pub struct Extraction<'a> {
     device: Device,
     /// Input row of the next batch's first row.
     base: usize,
+    /// The input's limits on reading and decoding images.
+    limits: ImageLimits,
 }
 
 impl<'a> Extraction<'a> {
@@ -127,6 +128,7 @@ impl<'a> Extraction<'a> {
             pending_txt: Vec::new(),
             device: device.clone(),
             base: 0,
+            limits: input.image_limits,
         })
     }
 
@@ -140,7 +142,7 @@ impl<'a> Extraction<'a> {
                 let Some(v) = r.image.as_ref().filter(|_| r.problem.is_none()) else {
                     continue;
                 };
-                match image_bytes(v) {
+                match image_bytes(v, &self.limits) {
                     Err(e) => side.errors[base + k] = Some(e),
                     Ok(bytes) => {
                         let key = key_of(&bytes);
@@ -150,10 +152,20 @@ impl<'a> Extraction<'a> {
                     }
                 }
             }
+            let limits = &self.limits;
+            // Memory stays within the decode budget whatever the number of
+            // cores (see crate::images).
             let decoded = parallel_map(&todo, |(_, b)| {
                 // A decoder bug on one malformed image must not end the whole run.
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pre.apply(b)))
-                    .unwrap_or_else(|_| Err("the image decoder crashed on this image".to_string()))
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    images::decode(
+                        b,
+                        limits,
+                        |w, h| pre.working_bytes(w, h),
+                        |img| pre.apply_image(&img),
+                    )
+                }))
+                .unwrap_or_else(|_| Err("the image decoder crashed on this image".to_string()))
             });
             for ((key, _), d) in todo.into_iter().zip(decoded) {
                 match d {

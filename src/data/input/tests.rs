@@ -5,6 +5,7 @@ use arrow_array::{ArrayRef, Int64Array, RecordBatch};
 use super::*;
 use crate::data::testutil::{binaries, float_lists, hf_images, strings, write_parquet};
 use crate::data::{ImageValue, Preset};
+use crate::images::ImageLimits;
 
 fn all_pairs(set: &InputSet, batch_rows: usize) -> Vec<PairRow> {
     let mut out = Vec::new();
@@ -123,15 +124,18 @@ fn path_images_resolve_next_to_file_or_under_image_root() {
         rows[0].image,
         Some(ImageValue::Path(dir.path().join("imgs/a.jpg")))
     );
-    assert_eq!(
-        rows[1].image,
-        Some(ImageValue::Path(PathBuf::from("/abs/b.jpg")))
-    );
+    // Absolute paths are refused unless asked for (see crate::images).
+    assert_eq!(rows[1].image, None);
+    assert!(rows[1].problem.as_deref().unwrap().contains("is absolute"));
     assert_eq!(rows[2].problem.as_deref(), Some("image path is empty"));
     assert_eq!(rows[3].problem.as_deref(), Some("image path is null"));
 
     let opts = ColumnOptions {
         image_root: Some(PathBuf::from("/data/root")),
+        image_limits: ImageLimits {
+            allow_absolute_paths: true,
+            ..Default::default()
+        },
         ..Default::default()
     };
     let set = InputSet::open(&[p], &opts).unwrap();
@@ -139,6 +143,10 @@ fn path_images_resolve_next_to_file_or_under_image_root() {
     assert_eq!(
         rows[0].image,
         Some(ImageValue::Path(PathBuf::from("/data/root/imgs/a.jpg")))
+    );
+    assert_eq!(
+        rows[1].image,
+        Some(ImageValue::Path(PathBuf::from("/abs/b.jpg")))
     );
 }
 
