@@ -177,6 +177,8 @@ impl Pending {
     }
 
     /// Where to write the output meanwhile.
+    // The temporary is the point: `path` is where it lands on commit.
+    #[allow(clippy::misnamed_getters)]
     pub fn path(&self) -> &Path {
         &self.tmp
     }
