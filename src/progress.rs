@@ -4,7 +4,10 @@
 //! indicatif bars; otherwise one plain line per finished stage or epoch;
 //! with `--log-format json`, one JSON object per event.
 
+use std::collections::HashSet;
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -30,6 +33,7 @@ pub struct Reporter {
 impl Reporter {
     /// A reporter for `format`, detecting whether stderr is a terminal.
     pub fn new(format: LogFormat) -> Self {
+        WARN_JSON.store(format == LogFormat::Json, Ordering::Relaxed);
         Reporter {
             format,
             tty: std::io::stderr().is_terminal(),
@@ -99,6 +103,35 @@ impl Reporter {
             started: Instant::now(),
             last_line: Instant::now(),
         }
+    }
+}
+
+/// Whether [`warn_once`] writes JSON: set by the command's [`Reporter::new`],
+/// because warnings come from deep in the data layer, which has no reporter.
+static WARN_JSON: AtomicBool = AtomicBool::new(false);
+/// Warnings already written by [`warn_once`].
+static WARNED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// Write a warning line on stderr (`warning: ...`, or a `warning` event with
+/// `--log-format json`), once per process for each distinct message: data
+/// read twice in one command (e.g. for training and again for the filtered
+/// output) must not repeat its warnings.
+pub fn warn_once(msg: &str) {
+    let mut seen = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    if !seen
+        .get_or_insert_with(HashSet::new)
+        .insert(msg.to_string())
+    {
+        return;
+    }
+    drop(seen);
+    if WARN_JSON.load(Ordering::Relaxed) {
+        eprintln!(
+            "{}",
+            serde_json::json!({ "event": "warning", "message": msg })
+        );
+    } else {
+        eprintln!("warning: {msg}");
     }
 }
 

@@ -113,9 +113,9 @@ pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
     ));
     println!(
         "{}",
-        serde_json::json!({ "out": a.out.display().to_string(), "rows_in": s.rows_in, "rows_out": s.rows_out })
+        serde_json::json!({ "out": a.out.display().to_string(), "rows_in": s.rows_in, "rows_out": s.rows_out, "dropped": s.dropped })
     );
-    Ok(())
+    s.check(&a.out)
 }
 
 #[cfg(test)]

@@ -167,5 +167,11 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
             "train_seconds": s.train_seconds, "score_pairs_per_second": s.score_pairs_per_second,
         })
     );
-    a.outcome.check(s.rows, s.skipped)
+    a.outcome.check(s.rows, s.skipped)?;
+    crate::data::FilterSummary {
+        rows_in: s.rows,
+        rows_out: s.filtered_rows,
+        dropped: s.filtered_dropped,
+    }
+    .check(&a.out_dir.join("filtered.parquet"))
 }

@@ -31,8 +31,15 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
     let mut examples: Vec<(String, String)> = Vec::new();
     let mut note = |key: &str, why: &str| {
         unusable += 1;
-        // Group reasons by their first clause so counts stay readable.
-        let group = why.split(':').next().unwrap_or(why).trim().to_string();
+        // Group reasons by their first clause so counts stay readable (a
+        // damaged row group's reason also loses its parenthesised error).
+        let clause = why.split(':').next().unwrap_or(why);
+        let group = clause
+            .split(" (")
+            .next()
+            .unwrap_or(clause)
+            .trim()
+            .to_string();
         *reasons.entry(group).or_default() += 1;
         if examples.len() < 5 {
             examples.push((key.to_string(), why.to_string()));

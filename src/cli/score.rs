@@ -56,11 +56,13 @@ pub fn run(a: ScoreArgs, rep: &Reporter) -> Result<()> {
     data::write_labels(labels_out.tmp_path(), &scored.labels, &scored.metadata)?;
     let mut filtered_rows = None;
     let mut filtered_out = None;
+    let mut filtered_check = Ok(());
     if let Some(f) = &a.filtered {
         let pending = crate::temp::Pending::new(f)?;
         let keep = keep_mask(&input, &scored.labels)?;
         let written = data::write_filtered(&input, &keep, pending.tmp_path(), &scored.metadata)?;
         filtered_rows = Some(written.rows_out);
+        filtered_check = written.check(f);
         filtered_out = Some(pending);
     }
     crate::interrupt::check()?;
@@ -85,5 +87,6 @@ pub fn run(a: ScoreArgs, rep: &Reporter) -> Result<()> {
             "pairs_per_second": pps, "filtered_rows": filtered_rows,
         })
     );
-    a.outcome.check(scored.labels.len(), prepared.skipped())
+    a.outcome.check(scored.labels.len(), prepared.skipped())?;
+    filtered_check
 }

@@ -4,12 +4,17 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::Context;
-use arrow_array::BooleanArray;
+use std::sync::Arc;
 
+use anyhow::Context;
+use arrow_array::{BooleanArray, RecordBatch};
+use arrow_schema::SchemaRef;
+
+use super::input::row_span;
+use super::read::{restore_batch, Damage, FileReader, Piece, Restored};
 use super::write::AtomicParquetWriter;
 use super::InputSet;
-use crate::error::{invalid, Result};
+use crate::error::{invalid, Error, Result};
 
 /// Rows read per batch; small because rows may carry full images.
 const BATCH_ROWS: usize = 1024;
@@ -21,12 +26,37 @@ pub struct FilterSummary {
     pub rows_in: usize,
     /// Rows written.
     pub rows_out: usize,
+    /// Rows the mask keeps that could not be read back from the input
+    /// (a damaged row group, invalid UTF-8 in a column) and are missing from
+    /// the output; each cause was printed as a warning.
+    pub dropped: usize,
+}
+
+impl FilterSummary {
+    /// [`crate::Error::Partial`] (exit 4) when kept rows are missing from
+    /// `out`: the output is written, but it is not all it should be.
+    pub fn check(&self, out: &Path) -> Result<()> {
+        if self.dropped == 0 {
+            return Ok(());
+        }
+        Err(Error::Partial(format!(
+            "{} rows that the labels keep could not be read back from the input and are missing from {} (the warnings above say which row groups and columns)",
+            self.dropped,
+            out.display()
+        )))
+    }
 }
 
 /// Write the rows of `input` whose `keep[file][row]` is true, all original
 /// columns and the schema unchanged (`metadata` added to the footer),
 /// streaming batch by batch. Several input files go into one output file,
 /// so their schemas must be equal (else [`crate::Error::InvalidInput`]).
+///
+/// Row groups without a kept row are not read. A kept row that cannot be
+/// read back (its row group is damaged in some column, or one of its strings
+/// is not valid UTF-8) is left out with a warning and counted in
+/// [`FilterSummary::dropped`]: labels were already written for every row,
+/// and a multi-hour run should not end on a column only the copy needs.
 pub fn write_filtered(
     input: &InputSet,
     keep: &[Vec<bool>],
@@ -36,41 +66,172 @@ pub fn write_filtered(
     check_keep_shape(input, keep)?;
     check_same_schema(input)?;
     let schema = input.files[0].schema.clone();
-    let mut writer = AtomicParquetWriter::create(out, schema, metadata)?;
+    let mut writer = AtomicParquetWriter::create(out, schema.clone(), metadata)?;
     let mut rows_out = 0;
+    let mut dropped = 0;
     for (f, keep) in keep.iter().enumerate() {
-        let mut row = 0;
-        for batch in input.record_batches(f, BATCH_ROWS)? {
-            let batch = batch?;
+        let reader = Arc::new(FileReader::open(&input.files[f].path)?);
+        let groups = groups_with_kept_rows(&reader, keep);
+        for piece in reader.stream_groups(None, BATCH_ROWS, false, groups) {
             crate::interrupt::check()?;
-            let n = batch.num_rows();
-            let mask = keep.get(row..row + n).ok_or_else(|| {
-                anyhow::anyhow!(
-                    "{} has more rows than its footer says",
-                    input.display_name(f)
-                )
-            })?;
-            row += n;
-            let selected = mask.iter().filter(|&&k| k).count();
-            if selected == 0 {
-                continue;
+            match piece {
+                Piece::Rows { batch, first_row } => {
+                    rows_out += write_kept(&mut writer, &schema, batch, first_row, keep, input, f)?;
+                }
+                Piece::Damaged(d) => {
+                    let wanted = kept_in(keep, d.first_row, d.rows);
+                    if wanted == 0 {
+                        continue;
+                    }
+                    let (written, lost) =
+                        salvage(&reader, &d, &mut writer, &schema, keep, input, f)?;
+                    rows_out += written;
+                    dropped += lost;
+                }
             }
-            let batch = if selected == n {
-                batch
-            } else {
-                let predicate = BooleanArray::from(mask.to_vec());
-                arrow_select::filter::filter_record_batch(&batch, &predicate)
-                    .with_context(|| format!("filtering {}", input.display_name(f)))?
-            };
-            rows_out += batch.num_rows();
-            writer.write(&batch)?;
         }
     }
     writer.finish()?;
     Ok(FilterSummary {
         rows_in: input.num_rows(),
         rows_out,
+        dropped,
     })
+}
+
+/// Row groups of `reader` with at least one kept row.
+fn groups_with_kept_rows(reader: &FileReader, keep: &[bool]) -> Vec<usize> {
+    let mut start = 0;
+    let mut out = Vec::new();
+    for (g, n) in reader.row_group_rows().into_iter().enumerate() {
+        if kept_in(keep, start, n) > 0 {
+            out.push(g);
+        }
+        start += n;
+    }
+    out
+}
+
+/// `3 kept rows among rows 40-79 of the file`.
+fn kept_rows(kept: usize, first: usize, n: usize) -> String {
+    let rows = if kept == 1 { "row" } else { "rows" };
+    format!("{kept} kept {rows} among {}", row_span(first, n))
+}
+
+/// Kept rows among `first..first + n`.
+fn kept_in(keep: &[bool], first: usize, n: usize) -> usize {
+    let end = first.saturating_add(n).min(keep.len());
+    keep.get(first.min(end)..end)
+        .map_or(0, |k| k.iter().filter(|&&x| x).count())
+}
+
+/// Write the kept rows of `batch` (file rows `first_row..`), retagged with
+/// the output schema; returns how many.
+fn write_kept(
+    writer: &mut AtomicParquetWriter,
+    schema: &SchemaRef,
+    batch: RecordBatch,
+    first_row: usize,
+    keep: &[bool],
+    input: &InputSet,
+    f: usize,
+) -> Result<usize> {
+    let n = batch.num_rows();
+    let mask = keep.get(first_row..first_row + n).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{} has more rows than its footer says",
+            input.display_name(f)
+        )
+    })?;
+    let selected = mask.iter().filter(|&&k| k).count();
+    if selected == 0 {
+        return Ok(0);
+    }
+    let batch = if selected == n {
+        batch
+    } else {
+        let predicate = BooleanArray::from(mask.to_vec());
+        arrow_select::filter::filter_record_batch(&batch, &predicate)
+            .with_context(|| format!("filtering {}", input.display_name(f)))?
+    };
+    // Shards may differ in schema-level metadata only.
+    let batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec())
+        .with_context(|| format!("reading {}", input.display_name(f)))?;
+    writer.write(&batch)?;
+    Ok(batch.num_rows())
+}
+
+/// The kept rows of a damaged stretch, read again with strings as bytes:
+/// invalid UTF-8 then costs only the rows that hold it. Returns the rows
+/// written and the kept rows left out, with a warning for each cause.
+fn salvage(
+    reader: &Arc<FileReader>,
+    d: &Damage,
+    writer: &mut AtomicParquetWriter,
+    schema: &SchemaRef,
+    keep: &[bool],
+    input: &InputSet,
+    f: usize,
+) -> Result<(usize, usize)> {
+    let end = d.first_row + d.rows;
+    let (mut written, mut lost) = (0, 0);
+    for piece in reader.stream_groups(None, BATCH_ROWS, true, vec![d.row_group]) {
+        match piece {
+            Piece::Rows { batch, first_row } => {
+                // Rows before the damage were written by the first pass.
+                let from = d.first_row.max(first_row);
+                let to = end.min(first_row + batch.num_rows());
+                if from >= to {
+                    continue;
+                }
+                let batch = batch.slice(from - first_row, to - from);
+                let Restored {
+                    batch,
+                    bad,
+                    columns,
+                } = restore_batch(&batch, reader.schema())
+                    .map_err(|e| anyhow::anyhow!("reading {}: {e}", input.display_name(f)))?;
+                let mut mask = keep[from..to].to_vec();
+                let mut bad_kept = 0;
+                for (m, b) in mask.iter_mut().zip(bad.unwrap_or_default()) {
+                    if *m && b {
+                        *m = false;
+                        bad_kept += 1;
+                    }
+                }
+                if bad_kept > 0 {
+                    lost += bad_kept;
+                    crate::progress::warn_once(&format!(
+                        "row group {} of {}: invalid UTF-8 in {}; left out of the filtered output: {}",
+                        d.row_group,
+                        input.display_name(f),
+                        columns
+                            .iter()
+                            .map(|c| format!("column \"{c}\""))
+                            .collect::<Vec<_>>()
+                            .join(" or "),
+                        kept_rows(bad_kept, from, to - from),
+                    ));
+                }
+                let mut full = vec![false; from];
+                full.extend(mask);
+                written += write_kept(writer, schema, batch, from, &full, input, f)?;
+            }
+            Piece::Damaged(again) => {
+                let from = again.first_row.max(d.first_row);
+                let n = kept_in(keep, from, end.saturating_sub(from));
+                if n > 0 {
+                    lost += n;
+                    crate::progress::warn_once(&format!(
+                        "{}; left out of the filtered output: {}",
+                        again.reason(),
+                        kept_rows(n, from, end - from),
+                    ));
+                }
+            }
+        }
+    }
+    Ok((written, lost))
 }
 
 /// A mask of the wrong shape is a caller bug, not bad user data.
@@ -181,7 +342,8 @@ mod tests {
             s,
             FilterSummary {
                 rows_in: 5,
-                rows_out: 3
+                rows_out: 3,
+                dropped: 0
             }
         );
         let (batch, back) = read(&out);

@@ -5,15 +5,15 @@ use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
-use parquet::arrow::ProjectionMask;
 use sha2::{Digest, Sha256};
 
 use super::columns::{check_same_columns, resolve_columns};
+use super::read::{restore_strings, FileReader, Piece, RowGroupStream};
 use super::rows::{batch_to_pairs, list_values, plain, RowContext};
 use super::{ColumnMap, ColumnOptions, ImageKind, InputFile, InputSet, PairRow};
 use crate::error::{invalid, Result};
@@ -70,18 +70,30 @@ impl InputSet {
     /// Stream pairs in input order, at most `batch_rows` at a time (a batch
     /// never spans two files). Only the image, caption and key columns are
     /// read, so memory is bounded by one batch of those.
+    ///
+    /// Every row of every file comes out. The rows of a row group that
+    /// cannot be decoded (from the failing batch on) come out with a problem
+    /// naming the file, the row group and the column, keyed
+    /// `<file stem>:<row>`, and a warning is printed once; a string that is
+    /// not valid UTF-8 makes a problem of its row alone. Only a file that
+    /// can no longer be opened is an error.
     pub fn pairs(&self, batch_rows: usize) -> impl Iterator<Item = Result<Vec<PairRow>>> + '_ {
         PairIter {
             set: self,
             batch_rows: batch_rows.max(1),
             file: 0,
-            reader: None,
-            next_row: 0,
+            stream: None,
+            lost: None,
             done: false,
         }
     }
 
     /// Stream the full record batches (all columns) of one file, in order.
+    ///
+    /// A row group that cannot be decoded ends the stream with
+    /// [`crate::Error::InvalidInput`] naming the file, the row group and the
+    /// column: callers of this function need every row. (`write_filtered`,
+    /// which needs only some, reads around damage instead.)
     pub fn record_batches(
         &self,
         file: usize,
@@ -91,12 +103,25 @@ impl InputSet {
             .files
             .get(file)
             .ok_or_else(|| anyhow::anyhow!("input file index {file} out of range"))?;
-        let path = f.path.clone();
-        let reader = open_reader(&path, batch_rows, None)?;
-        Ok(Box::new(reader.map(move |b| {
-            b.with_context(|| format!("reading {}", path.display()))
-                .map_err(Into::into)
-        })))
+        let reader = Arc::new(FileReader::open(&f.path)?);
+        let mut failed = false;
+        Ok(Box::new(reader.stream(None, batch_rows, false).map_while(
+            move |piece| {
+                if failed {
+                    return None;
+                }
+                Some(match piece {
+                    Piece::Rows { batch, .. } => Ok(batch),
+                    Piece::Damaged(d) => {
+                        failed = true;
+                        Err(invalid(format!(
+                            "{}; this command needs every row of its input",
+                            d.reason()
+                        )))
+                    }
+                })
+            },
+        )))
     }
 
     /// sha256 (hex) over every file's content in order, independent of the
@@ -251,9 +276,7 @@ fn wildcard_match(pattern: &str, name: &str) -> bool {
 
 /// Validate one file from its footer alone.
 fn read_footer(path: &Path) -> Result<InputFile> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let len = file
-        .metadata()
+    let len = std::fs::metadata(path)
         .with_context(|| format!("reading {}", path.display()))?
         .len();
     if len == 0 {
@@ -262,49 +285,34 @@ fn read_footer(path: &Path) -> Result<InputFile> {
             path.display()
         )));
     }
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
-        invalid(format!(
-            "{}: not a readable parquet file ({e}); expected a parquet file with image and caption columns",
-            path.display()
-        ))
-    })?;
-    let num_rows = builder.metadata().file_metadata().num_rows();
+    let reader = FileReader::open(path)?;
+    let num_rows = reader.metadata().file_metadata().num_rows();
     if num_rows <= 0 {
         return Err(invalid(format!(
             "{}: has no rows; expected at least one image–caption pair",
             path.display()
         )));
     }
+    // Every count downstream (labels, keep masks, feature slots) is built on
+    // the footer's rows; row groups that disagree could not be placed.
+    let groups = reader
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|g| g.num_rows())
+        .try_fold(0i64, |acc, n| if n < 0 { None } else { acc.checked_add(n) });
+    if groups != Some(num_rows) {
+        return Err(invalid(format!(
+            "{}: damaged footer: the file declares {num_rows} rows but its row groups hold {}; expected a parquet file written in full",
+            path.display(),
+            groups.map_or_else(|| "an invalid number of them".to_string(), |g| g.to_string())
+        )));
+    }
     Ok(InputFile {
         path: path.to_path_buf(),
         num_rows: num_rows as usize,
-        schema: builder.schema().clone(),
+        schema: reader.schema().clone(),
     })
-}
-
-/// A batch reader over `path`, limited to the named top-level columns.
-fn open_reader(
-    path: &Path,
-    batch_rows: usize,
-    columns: Option<&[&str]>,
-) -> Result<ParquetRecordBatchReader> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut builder = ParquetRecordBatchReaderBuilder::try_new(file)
-        .with_context(|| format!("reading the footer of {}", path.display()))?
-        .with_batch_size(batch_rows.max(1));
-    if let Some(names) = columns {
-        // Arrow's top-level fields are the parquet schema's roots, in order.
-        let roots: Vec<usize> = names
-            .iter()
-            .map(|n| builder.schema().index_of(n))
-            .collect::<std::result::Result<_, _>>()
-            .with_context(|| format!("projecting columns of {}", path.display()))?;
-        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-        builder = builder.with_projection(mask);
-    }
-    Ok(builder
-        .build()
-        .with_context(|| format!("reading {}", path.display()))?)
 }
 
 fn pair_columns(map: &ColumnMap) -> Vec<&str> {
@@ -321,11 +329,18 @@ fn embedding_dim(first: &InputFile, column: &str) -> Result<Option<usize>> {
             return Ok(Some(*n as usize));
         }
     }
-    let mut reader = open_reader(&first.path, EMBEDDING_SAMPLE_ROWS, Some(&[column]))?;
-    let Some(batch) = reader.next() else {
+    // Damaged row groups are passed over: their rows are reported when the
+    // pairs are read, and the sample only needs some readable rows.
+    let reader = Arc::new(FileReader::open(&first.path)?);
+    let Some(batch) = reader
+        .stream(Some(&[column]), EMBEDDING_SAMPLE_ROWS, false)
+        .find_map(|p| match p {
+            Piece::Rows { batch, .. } => Some(batch),
+            Piece::Damaged(_) => None,
+        })
+    else {
         return Ok(None);
     };
-    let batch = batch.with_context(|| format!("reading {}", first.path.display()))?;
     let array = plain(batch.column(0))?;
     let mut counts: Vec<(usize, usize)> = Vec::new();
     for row in 0..array.len() {
@@ -350,35 +365,41 @@ struct PairIter<'a> {
     set: &'a InputSet,
     batch_rows: usize,
     file: usize,
-    reader: Option<ParquetRecordBatchReader>,
-    next_row: usize,
+    stream: Option<(Arc<FileReader>, RowGroupStream)>,
+    lost: Option<Lost>,
     done: bool,
 }
 
 impl PairIter<'_> {
     fn step(&mut self) -> Result<Option<Vec<PairRow>>> {
         loop {
+            if let Some(rows) = self.lost_rows() {
+                return Ok(Some(rows));
+            }
             if self.file >= self.set.files.len() {
                 return Ok(None);
             }
             let path = &self.set.files[self.file].path;
-            if self.reader.is_none() {
+            if self.stream.is_none() {
                 let cols = pair_columns(&self.set.columns);
-                self.reader = Some(open_reader(path, self.batch_rows, Some(&cols))?);
-                self.next_row = 0;
+                let reader = Arc::new(FileReader::open(path)?);
+                let stream = reader.stream(Some(&cols), self.batch_rows, true);
+                self.stream = Some((reader, stream));
             }
-            let next = self.reader.as_mut().and_then(|r| r.next());
-            match next {
+            let Some((reader, stream)) = self.stream.as_mut() else {
+                continue;
+            };
+            let stem = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            match stream.next() {
                 None => {
-                    self.reader = None;
+                    self.stream = None;
                     self.file += 1;
                 }
-                Some(batch) => {
-                    let batch = batch.with_context(|| format!("reading {}", path.display()))?;
-                    let stem = path
-                        .file_stem()
-                        .map(|s| s.to_string_lossy().into_owned())
-                        .unwrap_or_default();
+                Some(Piece::Rows { batch, first_row }) => {
+                    let (batch, bad) = restore_pair_columns(&batch, reader.schema(), path)?;
                     let base = self.set.image_base(self.file);
                     let ctx = RowContext {
                         file_index: self.file,
@@ -387,15 +408,128 @@ impl PairIter<'_> {
                         columns: &self.set.columns,
                         embedding_dim: self.set.embedding_dim,
                     };
-                    let rows = batch_to_pairs(&batch, &ctx, self.next_row)?;
-                    self.next_row += batch.num_rows();
+                    let mut rows = batch_to_pairs(&batch, &ctx, first_row)?;
+                    for (column, mask) in bad {
+                        let msg =
+                            format!("{} is not valid UTF-8", role(&self.set.columns, &column));
+                        for (row, _) in rows.iter_mut().zip(mask).filter(|(_, b)| *b) {
+                            row.problem = Some(match row.problem.take() {
+                                Some(p) => format!("{msg}; {p}"),
+                                None => msg.clone(),
+                            });
+                        }
+                    }
                     if !rows.is_empty() {
                         return Ok(Some(rows));
                     }
                 }
+                Some(Piece::Damaged(d)) => {
+                    let reason = d.reason();
+                    crate::progress::warn_once(&format!(
+                        "{reason}; labelled skipped: {}",
+                        row_span(d.first_row, d.rows)
+                    ));
+                    self.lost = Some(Lost {
+                        reason,
+                        next: d.first_row,
+                        end: d.first_row + d.rows,
+                    });
+                }
             }
         }
     }
+
+    /// The next at most `batch_rows` rows of a damaged stretch, which keeps
+    /// the memory bound of [`InputSet::pairs`] whatever the row group's size.
+    fn lost_rows(&mut self) -> Option<Vec<PairRow>> {
+        let lost = self.lost.as_mut()?;
+        let path = &self.set.files.get(self.file)?.path;
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let end = lost.end.min(lost.next + self.batch_rows);
+        let rows: Vec<PairRow> = (lost.next..end)
+            .map(|row| PairRow {
+                source_file: self.file,
+                source_row: row,
+                // The key column may be what is damaged.
+                key: format!("{stem}:{row}"),
+                image: None,
+                caption: String::new(),
+                problem: Some(lost.reason.clone()),
+            })
+            .collect();
+        lost.next = end;
+        if lost.next >= lost.end {
+            self.lost = None;
+        }
+        (!rows.is_empty()).then_some(rows)
+    }
+}
+
+/// Rows of a damaged row group still to be handed out.
+struct Lost {
+    reason: String,
+    next: usize,
+    end: usize,
+}
+
+/// `rows 40-79 of the file` (or `row 40 of the file`).
+pub(crate) fn row_span(first: usize, n: usize) -> String {
+    if n == 1 {
+        format!("row {first} of the file")
+    } else {
+        format!("rows {first}-{} of the file", first + n.saturating_sub(1))
+    }
+}
+
+/// How a problem names a pair column: by its role.
+fn role(map: &ColumnMap, column: &str) -> &'static str {
+    if column == map.caption {
+        "caption"
+    } else if map.key.as_deref() == Some(column) {
+        "key"
+    } else {
+        "image path"
+    }
+}
+
+/// Per column name, which rows hold invalid UTF-8.
+type BadRows = Vec<(String, Vec<bool>)>;
+
+/// The pair columns of a batch read with strings as bytes, back in their
+/// written types, with a mask of the rows whose value was not valid UTF-8
+/// for each column that had any.
+fn restore_pair_columns(
+    batch: &RecordBatch,
+    schema: &arrow_schema::SchemaRef,
+    path: &Path,
+) -> Result<(RecordBatch, BadRows)> {
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    let mut fields = Vec::with_capacity(batch.num_columns());
+    let mut bad = Vec::new();
+    for (array, field) in batch.columns().iter().zip(batch.schema().fields()) {
+        let want = schema.field_with_name(field.name()).map_err(|_| {
+            anyhow::anyhow!("column {:?} vanished from {}", field.name(), path.display())
+        })?;
+        let (a, mask) = restore_strings(array, want.data_type()).map_err(|e| {
+            anyhow::anyhow!(
+                "reading column {:?} of {}: {e}",
+                field.name(),
+                path.display()
+            )
+        })?;
+        if let Some(mask) = mask {
+            bad.push((field.name().clone(), mask));
+        }
+        columns.push(a);
+        fields.push(Arc::new(want.clone()));
+    }
+    let schema = Arc::new(arrow_schema::Schema::new(fields));
+    let batch = RecordBatch::try_new(schema, columns)
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok((batch, bad))
 }
 
 impl Iterator for PairIter<'_> {

@@ -9,6 +9,7 @@ mod columns;
 mod filter;
 mod input;
 mod labels;
+mod read;
 mod rows;
 mod write;
 

@@ -72,6 +72,10 @@ pub struct FitSummary {
     pub epochs: Vec<EpochStats>,
     /// Rows written to filtered.parquet.
     pub filtered_rows: usize,
+    /// Clean rows missing from filtered.parquet because they could not be
+    /// read back from the input (damaged row groups, invalid UTF-8 in a
+    /// column only the copy reads); a partial result when not 0.
+    pub filtered_dropped: usize,
 }
 
 /// Train `opts.method` on `input`, write the run directory and return a summary.
@@ -247,6 +251,7 @@ pub fn fit(
         score_pairs_per_second: scored.pairs as f64 / scored.seconds.max(1e-9),
         epochs,
         filtered_rows: filtered.rows_out,
+        filtered_dropped: filtered.dropped,
     };
     let stats_json = serde_json::to_vec_pretty(&summary).context("serialising stats")?;
     data::write_atomic(&out.join("stats.json"), &stats_json)?;

@@ -1,6 +1,7 @@
 //! Helpers shared by the end-to-end tests: run the binary, make demo data.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod hostile;
 pub mod snapshot;
 
 use std::path::{Path, PathBuf};

@@ -382,3 +382,54 @@ fn mismatched_files_are_rejected() {
     );
     assert_invalid(open(&[a.clone(), a]), &["more than once"]);
 }
+
+#[test]
+fn a_damaged_row_group_comes_out_as_problem_rows_in_small_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_parquet(
+        dir.path(),
+        "shard.parquet",
+        vec![
+            (
+                "key",
+                strings(&[Some("k0"), Some("k1"), Some("k2"), Some("k3"), Some("k4")]),
+            ),
+            (
+                "jpg",
+                binaries(&[Some(b"a"), Some(b"b"), Some(b"c"), Some(b"d"), Some(b"e")]),
+            ),
+            (
+                "caption",
+                strings(&[Some("c0"), Some("c1"), Some("c2"), Some("c3"), Some("c4")]),
+            ),
+        ],
+    );
+    crate::data::testutil::corrupt_page(&path, 1, "caption");
+    let set = InputSet::open(&[path], &ColumnOptions::default()).unwrap();
+    let batches: Vec<Vec<PairRow>> = set.pairs(1).map(|b| b.unwrap()).collect();
+    assert!(
+        batches.iter().all(|b| b.len() == 1),
+        "at most batch_rows at a time"
+    );
+    let rows: Vec<PairRow> = batches.into_iter().flatten().collect();
+    let keys: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["k0", "k1", "shard:2", "shard:3", "k4"]);
+    for r in &rows {
+        let damaged = r.source_row == 2 || r.source_row == 3;
+        let p = r.problem.as_deref().unwrap_or("");
+        assert_eq!(damaged, p.starts_with("row group 1 of "), "{r:?}");
+        assert_eq!(
+            damaged,
+            p.contains("could not be read (column \"caption\": "),
+            "{r:?}"
+        );
+    }
+    // Whole-file readers need every row: invalid input naming the damage.
+    let e = set
+        .record_batches(0, 10)
+        .unwrap()
+        .find_map(|b| b.err())
+        .expect("an error");
+    assert_eq!(e.exit_code(), 3);
+    assert!(e.to_string().starts_with("row group 1 of "), "{e}");
+}
