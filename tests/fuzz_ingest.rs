@@ -34,6 +34,7 @@ use arrow_array::{Array, ArrayRef, BinaryArray, RecordBatch, StringArray, Struct
 use arrow_schema::{DataType, Field, Fields, Schema};
 use common::{ncclean, p};
 use ncclean::data::{ColumnOptions, ImageValue, InputSet};
+use ncclean_models::preprocess::{rgb_square, rgb_square_working_bytes};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, GzipLevel, ZstdLevel};
 use parquet::file::properties::WriterProperties;
@@ -434,9 +435,15 @@ fn ingest(path: &Path) -> Result<(), TestCaseError> {
                 continue;
             }
             let usable = match &r.image {
-                Some(ImageValue::Bytes(b)) => {
-                    ncclean_models::preprocess::decode_rgb_square(b, DECODE_SIZE).is_ok()
-                }
+                // The bounded decode every tower path uses (pixel limit,
+                // decoder limits, process-wide memory budget).
+                Some(ImageValue::Bytes(b)) => ncclean::images::decode(
+                    b,
+                    &ncclean::images::ImageLimits::default(),
+                    |w, h| rgb_square_working_bytes(w, h, DECODE_SIZE),
+                    |img| rgb_square(img, DECODE_SIZE),
+                )
+                .is_ok(),
                 Some(ImageValue::Embedding(v)) => v.iter().all(|x| x.is_finite()),
                 Some(ImageValue::Path(_)) => false,
                 None => {
