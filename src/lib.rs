@@ -23,5 +23,6 @@ pub mod progress;
 pub mod retrieval;
 pub mod rundir;
 pub mod temp;
+pub mod threads;
 
 pub use error::{Error, Result};

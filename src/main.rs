@@ -11,6 +11,7 @@ fn main() {
         std::env::remove_var("RUST_BACKTRACE");
         std::env::remove_var("RUST_LIB_BACKTRACE");
     }
+    ncclean::threads::configure();
     let cli = ncclean::cli::Cli::parse();
     ncclean::interrupt::install();
     if let Err(e) = ncclean::cli::run(cli) {

@@ -195,6 +195,48 @@ fn fit_is_deterministic_for_a_seed() {
     );
 }
 
+/// The binary runs candle's element-wise ops on one thread unless
+/// `CANDLE_NUM_THREADS` says otherwise (src/threads.rs), records the setting
+/// in stats.json, and the thread count never changes a label.
+#[test]
+fn candle_thread_count_defaults_to_one_and_changes_no_label() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 300);
+    let fit = |name: &str, threads: Option<&str>| {
+        let run = tmp.path().join(name);
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ncclean"));
+        cmd.args([
+            "fit",
+            p(&data),
+            "--method",
+            "gsc",
+            "--out-dir",
+            p(&run),
+            "--epochs",
+            "2",
+        ])
+        .env_remove("CANDLE_NUM_THREADS");
+        if let Some(t) = threads {
+            cmd.env("CANDLE_NUM_THREADS", t);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stats: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run.join("stats.json")).unwrap()).unwrap();
+        (read_labels(&run.join("labels.parquet")).unwrap().0, stats)
+    };
+    let (one, stats_one) = fit("default", None);
+    let (two, stats_two) = fit("two", Some("2"));
+    assert_eq!(stats_one["threads"]["elementwise"], 1, "{stats_one}");
+    assert_eq!(stats_two["threads"]["elementwise"], 2, "{stats_two}");
+    assert!(stats_one["threads"]["matmul"].as_u64().unwrap() >= 1);
+    assert_eq!(one, two, "labels depend on the element-wise thread count");
+}
+
 #[test]
 fn any_method_runs_on_the_gpo_head_and_score_rebuilds_it() {
     let tmp = tempfile::tempdir().unwrap();

@@ -76,6 +76,8 @@ pub struct FitSummary {
     /// read back from the input (damaged row groups, invalid UTF-8 in a
     /// column only the copy reads); a partial result when not 0.
     pub filtered_dropped: usize,
+    /// CPU threads of candle's matmuls and other ops (timings depend on it).
+    pub threads: crate::threads::ThreadSettings,
 }
 
 /// Train `opts.method` on `input`, write the run directory and return a summary.
@@ -252,6 +254,7 @@ pub fn fit(
         epochs,
         filtered_rows: filtered.rows_out,
         filtered_dropped: filtered.dropped,
+        threads: crate::threads::current(),
     };
     let stats_json = serde_json::to_vec_pretty(&summary).context("serialising stats")?;
     data::write_atomic(&out.join("stats.json"), &stats_json)?;
