@@ -110,9 +110,15 @@ pub fn select(spec: DeviceSpec, probe: &dyn CudaProbe) -> Result<Selected> {
                 )));
             }
             if let Err(e) = probe.libraries() {
+                let fix = if e.starts_with(RUNTIME_LIBRARIES[0].what) {
+                    "install the NVIDIA driver"
+                } else {
+                    "keep the cuda-libs/ directory scripts/build_cuda.sh made beside the binary \
+                     (or put it on LD_LIBRARY_PATH)"
+                };
                 return Err(Error::Usage(format!(
-                    "--device cuda:{n}: this is a CUDA build, but {e}; install the NVIDIA driver \
-                     (and put the CUDA libraries on LD_LIBRARY_PATH), or use --device cpu (or auto)"
+                    "--device cuda:{n}: this is a CUDA build, but {e}; {fix}, or use --device cpu \
+                     (or auto)"
                 )));
             }
             match probe.open(n) {
@@ -353,9 +359,25 @@ mod tests {
         assert!(msg.starts_with("--device cuda:1: this is a CUDA build, but no driver found: libcuda.so.1 could not be loaded"), "{msg}");
         assert!(msg.contains("--device cpu"), "{msg}");
 
+        assert!(msg.contains("install the NVIDIA driver"), "{msg}");
+        let no_cublas = Fake {
+            built: true,
+            libs: Err("cuBLAS is missing: libcublas.so.13 could not be loaded (...)".into()),
+            opens: true,
+        };
+        let msg = select(DeviceSpec::Cuda(0), &no_cublas)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("but cuBLAS is missing") && msg.contains("cuda-libs/"),
+            "{msg}"
+        );
+
         let e = select(DeviceSpec::Cuda(2), &fake(true, true, false)).unwrap_err();
         assert_eq!(e.exit_code(), 2);
-        assert!(e.to_string().contains("cannot open CUDA device 2: CUDA_ERROR_NO_DEVICE"));
+        assert!(e
+            .to_string()
+            .contains("cannot open CUDA device 2: CUDA_ERROR_NO_DEVICE"));
 
         let ok = select(DeviceSpec::Cuda(1), &fake(true, true, true)).unwrap();
         assert_eq!(ok.line, "device: cuda:1 (Fake GPU 1)");

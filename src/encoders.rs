@@ -74,9 +74,7 @@ pub struct EncoderSpec {
 /// mantissa bits). MiniLM always runs in f32: candle-transformers' BERT
 /// turns its attention mask into `0 * f32::MIN`, which is NaN once f32::MIN
 /// rounds to -inf in f16/bf16.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TowerDtype {
     /// f16 on CUDA, f32 on the CPU (where half precision is slower).

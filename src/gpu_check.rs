@@ -172,7 +172,11 @@ pub fn agreement(reference: &Tensor, candidate: &Tensor) -> Result<(f64, f64)> {
         }
         let cos = dot / (na.sqrt() * nb.sqrt()).max(1e-30);
         // NaN (an overflowed half-precision run) must fail, not vanish in min.
-        min_cos = if cos.is_nan() { f64::NAN } else { min_cos.min(cos) };
+        min_cos = if cos.is_nan() {
+            f64::NAN
+        } else {
+            min_cos.min(cos)
+        };
         if min_cos.is_nan() {
             break;
         }
@@ -315,12 +319,18 @@ fn parity_mobilenet(opts: &CheckOptions, s: &Sizes) -> Result<Value> {
 }
 
 fn parity_minilm(opts: &CheckOptions, s: &Sizes) -> Result<Value> {
-    let Some(dir) = opts.minilm.as_ref().filter(|d| d.join("config.json").is_file()) else {
+    let Some(dir) = opts
+        .minilm
+        .as_ref()
+        .filter(|d| d.join("config.json").is_file())
+    else {
         return Ok(json!({ "status": "skipped: not found" }));
     };
     let captions = synthetic::captions(s.parity_inputs, 13);
     let refs: Vec<&str> = captions.iter().map(String::as_str).collect();
-    let reference = BertTextTower::load(dir, &Device::Cpu)?.forward(&refs)?.pooled;
+    let reference = BertTextTower::load(dir, &Device::Cpu)?
+        .forward(&refs)?
+        .pooled;
     let got = BertTextTower::load(dir, &opts.device)?
         .forward(&refs)?
         .pooled;
@@ -433,7 +443,11 @@ fn throughput(opts: &CheckOptions, s: &Sizes, clip_dir: &Path) -> Result<Value> 
         out["clip_vit_b32_captions_per_s"][key] =
             json!(rate(b, n, || Ok(clip.text_features(&refs)?.2))?);
     }
-    out["minilm_captions_per_s"] = match opts.minilm.as_ref().filter(|d| d.join("config.json").is_file()) {
+    out["minilm_captions_per_s"] = match opts
+        .minilm
+        .as_ref()
+        .filter(|d| d.join("config.json").is_file())
+    {
         Some(dir) => {
             let bert = BertTextTower::load(dir, dev)?;
             json!({ "f32": rate(b, n, || Ok(bert.forward(&refs)?.pooled))? })
@@ -499,8 +513,8 @@ fn training(opts: &CheckOptions, s: &Sizes, log: &dyn Fn(&str)) -> Result<Value>
         let warmup = if method == "vanilla" { 1 } else { 0 };
         overrides.insert("warmup_epochs".into(), toml::Value::Integer(warmup));
         overrides.insert("lr_decay_epochs".into(), toml::Value::Array(Vec::new()));
-        let cfg = ncclean_pipelines::config::resolve(method, None, &overrides)
-            .map_err(|e| anyhow!(e))?;
+        let cfg =
+            ncclean_pipelines::config::resolve(method, None, &overrides).map_err(|e| anyhow!(e))?;
         let model = ModelConfig {
             image: ImageTowerConfig::Precomputed {
                 dim: s.dim,

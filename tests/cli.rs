@@ -631,7 +631,10 @@ fn the_default_device_is_auto_and_the_choice_is_said() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     if cfg!(not(feature = "cuda")) {
-        assert!(err.contains("device: cpu (this build has no CUDA)"), "{err}");
+        assert!(
+            err.contains("device: cpu (this build has no CUDA)"),
+            "{err}"
+        );
     } else {
         assert!(err.contains("device: "), "{err}");
     }

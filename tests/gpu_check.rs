@@ -6,15 +6,18 @@ mod common;
 
 use std::process::Command;
 
-use common::{ncclean, p};
-
 #[test]
 fn gpu_check_cpu_only_quick_writes_every_measurement() {
     let tmp = tempfile::tempdir().unwrap();
     let json = tmp.path().join("check.json");
     let out = Command::new("bash")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/gpu_check.sh"))
-        .args([env!("CARGO_BIN_EXE_ncclean"), "--cpu-only", "--quick", "--out"])
+        .args([
+            env!("CARGO_BIN_EXE_ncclean"),
+            "--cpu-only",
+            "--quick",
+            "--out",
+        ])
         .arg(&json)
         .output()
         .expect("bash runs");
@@ -37,13 +40,23 @@ fn gpu_check_cpu_only_quick_writes_every_measurement() {
             assert!(c["min_cosine"].as_f64().unwrap() >= 0.999, "{c}");
         }
     }
-    assert!(clip["bf16"].as_str().unwrap().contains("no bf16 convolution"));
+    assert!(clip["bf16"]
+        .as_str()
+        .unwrap()
+        .contains("no bf16 convolution"));
     for tower in ["mobilenet_v2", "minilm"] {
         let t = &r["parity"][tower];
         let status = t["status"].as_str().unwrap();
-        assert!(status == "ok" || status == "skipped: not found", "{tower}: {t}");
+        assert!(
+            status == "ok" || status == "skipped: not found",
+            "{tower}: {t}"
+        );
         if status == "ok" {
-            let f32 = if tower == "minilm" { &t["f32"] } else { &t["f32"]["pooled"] };
+            let f32 = if tower == "minilm" {
+                &t["f32"]
+            } else {
+                &t["f32"]["pooled"]
+            };
             assert_eq!(f32["pass"], true, "{tower}: {t}");
         }
     }
@@ -83,6 +96,7 @@ fn gpu_check_cpu_only_quick_writes_every_measurement() {
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn gpu_check_without_cpu_only_needs_a_cuda_device() {
+    use common::{ncclean, p};
     let tmp = tempfile::tempdir().unwrap();
     let json = tmp.path().join("x.json");
     let out = ncclean(&["gpu-check", "--json", p(&json)]);

@@ -1,12 +1,12 @@
 //! Half-precision towers against f32, on the CPU (issue #13: towers run in
 //! f16 on CUDA where the result stays within tolerance of f32). The
 //! tolerance is `ncclean::gpu_check::Tolerance`, the same numbers
-//! `ncclean gpu-check` applies on a GPU: per item, cosine of the pooled
-//! features >= 0.999 in f16 (>= 0.99 in bf16) and max |Δ| <= 2% (8%) of the
-//! largest reference value; local features (grid cells, patch tokens)
-//! >= 0.995 and <= 5% in f16 (0.98, 15% in bf16). bf16 is not testable here:
-//! candle's CPU convolution has no bf16 kernel (asserted below, so a candle
-//! upgrade that adds one is noticed).
+//! `ncclean gpu-check` applies on a GPU, per item: for pooled features a
+//! cosine of at least 0.999 in f16 (0.99 in bf16) and a max |Δ| of at most
+//! 2% (8%) of the largest reference value; for local features (grid cells,
+//! patch tokens) at least 0.995 and at most 5% in f16 (0.98 and 15% in
+//! bf16). bf16 is not testable here: candle's CPU convolution has no bf16
+//! kernel (asserted below, so a candle upgrade that adds one is noticed).
 
 use std::path::{Path, PathBuf};
 

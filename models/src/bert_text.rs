@@ -237,10 +237,8 @@ mod tests {
             eprintln!("skipped: MiniLM not found (run bash scripts/fetch_minilm.sh)");
             return Ok(());
         };
-        let config: BertConfig =
-            serde_json::from_value(hf_dir::read_json(&dir, "config.json")?).map_err(|e| {
-                candle_core::Error::Msg(e.to_string())
-            })?;
+        let config: BertConfig = serde_json::from_value(hf_dir::read_json(&dir, "config.json")?)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
         let vb = hf_dir::safetensors_var_builder(&dir, &Device::Cpu, DType::F16)?;
         let model = BertModel::load(vb, &config)?;
         let ids = Tensor::new(&[[101u32, 2023, 2003, 1037, 3899, 102]], &Device::Cpu)?;

@@ -1008,7 +1008,6 @@ fn synthetic_weights() -> HashMap<String, Tensor> {
     map
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

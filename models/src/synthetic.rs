@@ -144,7 +144,11 @@ impl ClipShape {
             for i in 0..layers {
                 let p = format!("{tower}.encoder.layers.{i}");
                 for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
-                    put(format!("{p}.self_attn.{proj}.weight"), &[d, d], Kind::Matrix)?;
+                    put(
+                        format!("{p}.self_attn.{proj}.weight"),
+                        &[d, d],
+                        Kind::Matrix,
+                    )?;
                     put(format!("{p}.self_attn.{proj}.bias"), &[d], Kind::Bias)?;
                 }
                 for ln in ["layer_norm1", "layer_norm2"] {
@@ -168,7 +172,11 @@ impl ClipShape {
             &[self.max_len, dt],
             Kind::Embedding,
         )?;
-        put("text_model.final_layer_norm.weight".into(), &[dt], Kind::Norm)?;
+        put(
+            "text_model.final_layer_norm.weight".into(),
+            &[dt],
+            Kind::Norm,
+        )?;
         put("text_model.final_layer_norm.bias".into(), &[dt], Kind::Bias)?;
         put(
             "vision_model.embeddings.class_embedding".into(),

@@ -193,7 +193,11 @@ mod tests {
         let mut sq = 0f64;
         for v in &vars {
             if let Some(g) = grads.get(v.as_tensor()) {
-                sq += g.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                sq += g
+                    .sqr()?
+                    .sum_all()?
+                    .to_dtype(DType::F64)?
+                    .to_scalar::<f64>()?;
             }
         }
         let norm = sq.sqrt();
@@ -254,10 +258,17 @@ mod tests {
                 } else {
                     unclipped += 1;
                 }
-                assert_eq!(weights(&device)?, weights(&host)?, "clip {clip}, step {step}");
+                assert_eq!(
+                    weights(&device)?,
+                    weights(&host)?,
+                    "clip {clip}, step {step}"
+                );
             }
             if clip == 0.5 {
-                assert!(clipped > 0 && unclipped > 0, "{clipped} clipped, {unclipped} not");
+                assert!(
+                    clipped > 0 && unclipped > 0,
+                    "{clipped} clipped, {unclipped} not"
+                );
             }
         }
         Ok(())
