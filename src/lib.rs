@@ -14,6 +14,7 @@ pub mod encoders;
 pub mod engine;
 pub mod error;
 pub mod features;
+pub mod gpu_check;
 pub mod hex;
 pub mod images;
 pub mod interrupt;

@@ -662,6 +662,40 @@ fn usage_errors_exit_2() {
     assert_snapshot("score_without_checkpoint", &out, tmp.path());
 }
 
+/// `--device auto` is the default: the run says on stderr which device it
+/// took and why (a CPU build: the CPU, "this build has no CUDA").
+#[test]
+fn the_default_device_is_auto_and_the_choice_is_said() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 40);
+    let run = tmp.path().join("r");
+    let out = ncclean(&["fit", p(&data), "--out-dir", p(&run), "--seed", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    if cfg!(not(feature = "cuda")) {
+        assert!(
+            err.contains("device: cpu (this build has no CUDA)"),
+            "{err}"
+        );
+    } else {
+        assert!(err.contains("device: "), "{err}");
+    }
+    let scored = tmp.path().join("s.parquet");
+    let out = ncclean(&[
+        "score",
+        p(&data),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&scored),
+        "--device",
+        "cpu",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("device: cpu (--device cpu)"), "{err}");
+}
+
 /// Ranges are checked before any input is read, and a run that diverges
 /// stops with the epoch and the learning rate, writes nothing, and prints no
 /// backtrace even when RUST_BACKTRACE is set.

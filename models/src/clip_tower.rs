@@ -204,6 +204,8 @@ pub struct ClipTower {
     pad_id: u32,
     device: Device,
     fingerprint: String,
+    /// Dtype of the weights and the computation (outputs are f32).
+    dtype: DType,
 }
 
 impl std::fmt::Debug for ClipTower {
@@ -226,6 +228,16 @@ impl ClipTower {
     /// Load a Hugging Face CLIPModel directory. Errors name the missing or
     /// broken file.
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        Self::load_with_dtype(dir, device, DType::F32)
+    }
+
+    /// [`ClipTower::load`] computing in `dtype` (f32, f16 or bf16). The
+    /// outputs are f32 either way; attention scores and softmax run in f32
+    /// inside candle's CLIP whatever the dtype.
+    pub fn load_with_dtype(dir: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+            candle_core::bail!("{TOWER}: computes in f32, f16 or bf16, not {dtype:?}");
+        }
         hf_dir::require_files(dir, &hf_dir::REQUIRED_FILES, TOWER)?;
         let config_path = dir.join("config.json");
         let config =
@@ -244,7 +256,7 @@ impl ClipTower {
             .find(|&id| id < vocab)
             .unwrap_or(0);
 
-        let vb = hf_dir::safetensors_var_builder(dir, device)?;
+        let vb = hf_dir::safetensors_var_builder(dir, device, dtype)?;
         // candle substitutes random values for a missing class embedding;
         // insist on the real one.
         let class_key = "vision_model.embeddings.class_embedding";
@@ -291,7 +303,20 @@ impl ClipTower {
             pad_id,
             device: device.clone(),
             fingerprint,
+            dtype,
         })
+    }
+
+    /// Resolve `spec` and load it computing in `dtype`
+    /// ([`ClipTower::load_with_dtype`]).
+    pub fn from_spec_with_dtype(spec: &str, device: &Device, dtype: DType) -> Result<Self> {
+        let dir = hf_dir::resolve_model_dir(spec).map_err(candle_core::Error::Msg)?;
+        Self::load_with_dtype(&dir, device, dtype)
+    }
+
+    /// The dtype the tower computes in.
+    pub fn dtype(&self) -> DType {
+        self.dtype
     }
 
     /// Resolve `spec` (a directory or a hub id such as
@@ -323,7 +348,7 @@ impl ClipTower {
                 dims
             );
         }
-        let pixels = pixels.to_dtype(DType::F32)?.to_device(&self.device)?;
+        let pixels = pixels.to_dtype(self.dtype)?.to_device(&self.device)?;
         // One entry per encoder layer, then the post-layernormed CLS token.
         let mut states = self.vision.output_hidden_states(&pixels)?;
         let pooled = states
@@ -333,8 +358,14 @@ impl ClipTower {
             .pop()
             .ok_or_else(|| candle_core::Error::Msg("CLIP vision: no layers".into()))?;
         let num_patches = self.num_patches();
-        let patches = last.narrow(1, 1, num_patches)?.contiguous()?;
-        let embedding = self.visual_projection.forward(&pooled)?;
+        let patches = last
+            .narrow(1, 1, num_patches)?
+            .contiguous()?
+            .to_dtype(DType::F32)?;
+        let embedding = self
+            .visual_projection
+            .forward(&pooled)?
+            .to_dtype(DType::F32)?;
         Ok((patches, embedding))
     }
 
@@ -342,8 +373,10 @@ impl ClipTower {
     /// space as CLIP does for the class token: post-layernorm, then the
     /// visual projection. `[B, P, D_vision]` → `[B, P, E]`.
     pub fn project_patch_tokens(&self, patches: &Tensor) -> Result<Tensor> {
+        let patches = patches.to_dtype(self.dtype)?;
         self.visual_projection
-            .forward(&self.post_layernorm.forward(patches)?)
+            .forward(&self.post_layernorm.forward(&patches)?)?
+            .to_dtype(DType::F32)
     }
 
     /// Tokenise (special tokens added, truncated to the text model's maximum
@@ -368,8 +401,8 @@ impl ClipTower {
             .collect();
         let picks = Tensor::from_vec(picks, b, &self.device)?;
         let eos = tokens.reshape((b * l, d))?.index_select(&picks, 0)?;
-        let embedding = self.text_projection.forward(&eos)?;
-        Ok((tokens, mask, embedding))
+        let embedding = self.text_projection.forward(&eos)?.to_dtype(DType::F32)?;
+        Ok((tokens.to_dtype(DType::F32)?, mask, embedding))
     }
 
     /// Where the pooled text feature is read, as in HF's CLIPTextTransformer.

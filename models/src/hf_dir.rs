@@ -405,15 +405,17 @@ pub(crate) fn pad_batch(
 }
 
 /// A VarBuilder over `dir/model.safetensors` (read into memory; tensors are
-/// converted to f32 when fetched, so f16/bf16 checkpoints load too).
+/// converted to `dtype` when fetched, so f32/f16/bf16 checkpoints all load
+/// in any of the three).
 pub(crate) fn safetensors_var_builder(
     dir: &Path,
     device: &candle_core::Device,
+    dtype: candle_core::DType,
 ) -> candle_core::Result<candle_nn::VarBuilder<'static>> {
     let path = dir.join("model.safetensors");
     let data = fs::read(&path)
         .map_err(|e| candle_core::Error::Msg(format!("reading {}: {e}", path.display())))?;
-    candle_nn::VarBuilder::from_buffered_safetensors(data, candle_core::DType::F32, device)
+    candle_nn::VarBuilder::from_buffered_safetensors(data, dtype, device)
         .map_err(|e| candle_core::Error::Msg(format!("parsing {}: {e}", path.display())))
 }
 

@@ -14,6 +14,7 @@ pub mod model;
 pub mod params;
 pub mod preprocess;
 pub mod rng;
+pub mod synthetic;
 pub mod vocab;
 
 pub use inputs::{

@@ -68,6 +68,8 @@ pub struct MobileNetV2 {
     head: Pointwise,
     classifier_t: Tensor,
     classifier_bias: Tensor,
+    /// Dtype of the weights and of the computation (outputs are f32).
+    dtype: DType,
 }
 
 /// Output of a forward pass.
@@ -89,14 +91,40 @@ impl MobileNetV2 {
     /// Load torchvision weights from a safetensors file onto `device`.
     /// Errors name the file and, where one is missing or misshapen, the key.
     pub fn load(path: &Path, device: &Device) -> Result<Self> {
+        Self::load_with_dtype(path, device, DType::F32)
+    }
+
+    /// [`MobileNetV2::load`] computing in `dtype` (f32, f16 or bf16). BN is
+    /// folded in f64 and the folded weights rounded once to `dtype`; the
+    /// outputs are f32 either way. Off f32, the CPU runs candle's generic
+    /// tensor ops (the hand-written CPU kernels are f32-only).
+    pub fn load_with_dtype(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
         let tensors = candle_core::safetensors::load(path, &Device::Cpu)
             .map_err(|e| Error::Msg(format!("cannot read {}: {e}", path.display())))?;
         let w = Weights {
             tensors,
             source: path.display().to_string(),
             device: device.clone(),
+            dtype: float_dtype(dtype)?,
         };
         Self::from_weights(&w)
+    }
+
+    /// A randomly initialised, correctly shaped network (weights sized so
+    /// activations stay O(1)), for benchmarks and tests that need the
+    /// architecture but not the ImageNet weights.
+    pub fn synthetic(device: &Device, dtype: DType) -> Result<Self> {
+        Self::from_weights(&Weights {
+            tensors: synthetic_weights(),
+            source: "synthetic".into(),
+            device: device.clone(),
+            dtype: float_dtype(dtype)?,
+        })
+    }
+
+    /// The dtype the network computes in.
+    pub fn dtype(&self) -> DType {
+        self.dtype
     }
 
     fn from_weights(w: &Weights) -> Result<Self> {
@@ -128,6 +156,7 @@ impl MobileNetV2 {
             head,
             classifier_t: w.to_device(&classifier.t()?.contiguous()?)?,
             classifier_bias: w.to_device(&classifier_bias)?,
+            dtype: w.dtype,
         })
     }
 
@@ -141,8 +170,8 @@ impl MobileNetV2 {
                 x.shape()
             );
         }
-        let x = x.to_dtype(DType::F32)?;
-        if !x.device().is_cpu() {
+        let x = x.to_dtype(self.dtype)?;
+        if !x.device().is_cpu() || self.dtype != DType::F32 {
             return self.forward_chunk(&x, Backend::TensorOps);
         }
         if b <= CPU_CHUNK {
@@ -197,7 +226,9 @@ impl MobileNetV2 {
         let grid = self
             .head
             .forward(&flat, None, backend)?
-            .reshape((b, gh * gw, ()))?;
+            .reshape((b, gh * gw, ()))?
+            // f16 would lose digits summing 49 positions: pool in f32.
+            .to_dtype(DType::F32)?;
         let pooled = grid.mean(1)?;
         Ok(MobileNetOutput { grid, pooled })
     }
@@ -206,8 +237,10 @@ impl MobileNetV2 {
     /// its dropout is the identity in eval mode).
     pub fn logits(&self, pooled: &Tensor) -> Result<Tensor> {
         pooled
+            .to_dtype(self.dtype)?
             .matmul(&self.classifier_t)?
-            .broadcast_add(&self.classifier_bias)
+            .broadcast_add(&self.classifier_bias)?
+            .to_dtype(DType::F32)
     }
 
     /// The preprocessing the weights were trained with.
@@ -221,6 +254,16 @@ struct Weights {
     tensors: HashMap<String, Tensor>,
     source: String,
     device: Device,
+    /// Dtype of the tensors handed to the network.
+    dtype: DType,
+}
+
+/// `dtype` if it is one the network can compute in.
+fn float_dtype(dtype: DType) -> Result<DType> {
+    match dtype {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(dtype),
+        other => candle_core::bail!("MobileNetV2 computes in f32, f16 or bf16, not {other:?}"),
+    }
 }
 
 impl Weights {
@@ -261,7 +304,7 @@ impl Weights {
     }
 
     fn to_device(&self, t: &Tensor) -> Result<Tensor> {
-        t.to_device(&self.device)
+        t.to_dtype(self.dtype)?.to_device(&self.device)
     }
 }
 
@@ -891,16 +934,84 @@ impl Block {
     }
 }
 
+/// Deterministic pseudo-random values in [-1, 1) (synthetic weights and
+/// hand-sized tests).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = crate::rng::Rng::derive(seed, "mobilenet-test");
+    (0..n).map(|_| (rng.uniform() * 2.0 - 1.0) as f32).collect()
+}
+
+/// A random, correctly shaped torchvision state dict (weights sized so
+/// activations stay O(1)).
+fn synthetic_weights() -> HashMap<String, Tensor> {
+    let mut map = HashMap::new();
+    let mut seed = 100;
+    let mut put = |key: String, shape: &[usize], scale: f32, offset: f32| {
+        seed += 1;
+        let n = shape.iter().product();
+        let v = values(n, seed)
+            .into_iter()
+            .map(|x| x * scale + offset)
+            .collect();
+        map.insert(key, Tensor::from_vec(v, shape, &Device::Cpu).unwrap());
+    };
+    let mut conv_bn = |conv: String, bn: String, shape: [usize; 4]| {
+        let fan_in = (shape[1] * shape[2] * shape[3]) as f32;
+        put(format!("{conv}.weight"), &shape, 1.7 / fan_in.sqrt(), 0.0);
+        put(format!("{bn}.weight"), &shape[..1], 0.2, 1.0);
+        put(format!("{bn}.bias"), &shape[..1], 0.2, 0.1);
+        put(format!("{bn}.running_mean"), &shape[..1], 0.1, 0.0);
+        put(format!("{bn}.running_var"), &shape[..1], 0.3, 1.0);
+    };
+    conv_bn("features.0.0".into(), "features.0.1".into(), [32, 3, 3, 3]);
+    let (mut c_in, mut index) = (STEM_CHANNELS, 1);
+    for &(t, c_out, repeats, _) in &STAGES {
+        for _ in 0..repeats {
+            let p = format!("features.{index}.conv");
+            let hidden = c_in * t;
+            let mut next = 0;
+            if t != 1 {
+                conv_bn(format!("{p}.0.0"), format!("{p}.0.1"), [hidden, c_in, 1, 1]);
+                next = 1;
+            }
+            conv_bn(
+                format!("{p}.{next}.0"),
+                format!("{p}.{next}.1"),
+                [hidden, 1, 3, 3],
+            );
+            conv_bn(
+                format!("{p}.{}", next + 1),
+                format!("{p}.{}", next + 2),
+                [c_out, hidden, 1, 1],
+            );
+            (c_in, index) = (c_out, index + 1);
+        }
+    }
+    conv_bn(
+        format!("features.{index}.0"),
+        format!("features.{index}.1"),
+        [1280, c_in, 1, 1],
+    );
+    let mut put2 = |key: &str, shape: &[usize]| {
+        let n = shape.iter().product();
+        let v = values(n, shape.len() as u64 + 7)
+            .into_iter()
+            .map(|x| x * 0.03)
+            .collect();
+        map.insert(
+            key.to_string(),
+            Tensor::from_vec(v, shape, &Device::Cpu).unwrap(),
+        );
+    };
+    put2("classifier.1.weight", &[CLASSES, 1280]);
+    put2("classifier.1.bias", &[CLASSES]);
+    map
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::path::PathBuf;
-
-    /// Deterministic pseudo-random values in [-1, 1) for hand-sized tests.
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut rng = crate::rng::Rng::derive(seed, "mobilenet-test");
-        (0..n).map(|_| (rng.uniform() * 2.0 - 1.0) as f32).collect()
-    }
 
     fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         (a - b)
@@ -1025,78 +1136,12 @@ mod tests {
         }
     }
 
-    /// A random, correctly shaped torchvision state dict (weights sized so
-    /// activations stay O(1)).
-    fn synthetic_weights() -> HashMap<String, Tensor> {
-        let mut map = HashMap::new();
-        let mut seed = 100;
-        let mut put = |key: String, shape: &[usize], scale: f32, offset: f32| {
-            seed += 1;
-            let n = shape.iter().product();
-            let v = values(n, seed)
-                .into_iter()
-                .map(|x| x * scale + offset)
-                .collect();
-            map.insert(key, Tensor::from_vec(v, shape, &Device::Cpu).unwrap());
-        };
-        let mut conv_bn = |conv: String, bn: String, shape: [usize; 4]| {
-            let fan_in = (shape[1] * shape[2] * shape[3]) as f32;
-            put(format!("{conv}.weight"), &shape, 1.7 / fan_in.sqrt(), 0.0);
-            put(format!("{bn}.weight"), &shape[..1], 0.2, 1.0);
-            put(format!("{bn}.bias"), &shape[..1], 0.2, 0.1);
-            put(format!("{bn}.running_mean"), &shape[..1], 0.1, 0.0);
-            put(format!("{bn}.running_var"), &shape[..1], 0.3, 1.0);
-        };
-        conv_bn("features.0.0".into(), "features.0.1".into(), [32, 3, 3, 3]);
-        let (mut c_in, mut index) = (STEM_CHANNELS, 1);
-        for &(t, c_out, repeats, _) in &STAGES {
-            for _ in 0..repeats {
-                let p = format!("features.{index}.conv");
-                let hidden = c_in * t;
-                let mut next = 0;
-                if t != 1 {
-                    conv_bn(format!("{p}.0.0"), format!("{p}.0.1"), [hidden, c_in, 1, 1]);
-                    next = 1;
-                }
-                conv_bn(
-                    format!("{p}.{next}.0"),
-                    format!("{p}.{next}.1"),
-                    [hidden, 1, 3, 3],
-                );
-                conv_bn(
-                    format!("{p}.{}", next + 1),
-                    format!("{p}.{}", next + 2),
-                    [c_out, hidden, 1, 1],
-                );
-                (c_in, index) = (c_out, index + 1);
-            }
-        }
-        conv_bn(
-            format!("features.{index}.0"),
-            format!("features.{index}.1"),
-            [1280, c_in, 1, 1],
-        );
-        let mut put2 = |key: &str, shape: &[usize]| {
-            let n = shape.iter().product();
-            let v = values(n, shape.len() as u64 + 7)
-                .into_iter()
-                .map(|x| x * 0.03)
-                .collect();
-            map.insert(
-                key.to_string(),
-                Tensor::from_vec(v, shape, &Device::Cpu).unwrap(),
-            );
-        };
-        put2("classifier.1.weight", &[CLASSES, 1280]);
-        put2("classifier.1.bias", &[CLASSES]);
-        map
-    }
-
     fn synthetic_model() -> MobileNetV2 {
         MobileNetV2::from_weights(&Weights {
             tensors: synthetic_weights(),
             source: "synthetic".into(),
             device: Device::Cpu,
+            dtype: DType::F32,
         })
         .unwrap()
     }
@@ -1392,6 +1437,7 @@ mod tests {
             tensors,
             source: "some/model.safetensors".into(),
             device: Device::Cpu,
+            dtype: DType::F32,
         };
         let err = MobileNetV2::from_weights(&w).unwrap_err().to_string();
         assert!(err.contains("some/model.safetensors"), "{err}");

@@ -247,6 +247,11 @@ pub struct Gsc {
     /// ...and the statistics collected for its own label update.
     new_cm: Vec<f32>,
     s_im: Vec<f32>,
+    /// Each batch's `y_CM` and `S_IM` (indices, device tensors), read back
+    /// once in `end_net`: reading them per batch would stall a GPU every
+    /// step. They are only used after the network's last batch, so the
+    /// labels are the same bits either way.
+    pending: Vec<(Vec<usize>, Tensor, Tensor)>,
 }
 
 impl Gsc {
@@ -310,6 +315,7 @@ impl Method for Gsc {
             y_used: Vec::new(),
             new_cm: Vec::new(),
             s_im: Vec::new(),
+            pending: Vec::new(),
         })
     }
 
@@ -346,6 +352,7 @@ impl Method for Gsc {
         self.y_used = self.labels[self.teacher(k)].y();
         self.new_cm = vec![1.0; n];
         self.s_im = vec![0.0; n];
+        self.pending.clear();
     }
 
     fn batch_loss(&mut self, b: &Batch) -> Result<Tensor> {
@@ -361,17 +368,26 @@ impl Method for Gsc {
         let loss = (l_cm + (l_im * p.gamma)?)?;
         // The labels come from this same forward pass (Algorithm 1, lines
         // 5–7), before the step, without gradients.
-        let cm: Vec<f32> = match_prob(&s.detach(), p.tau1)?.to_vec1()?;
-        let sim: Vec<f32> = intra_modal_consistency(&gv.detach(), &gt.detach(), &y)?.to_vec1()?;
-        for (j, &i) in b.idx.iter().enumerate() {
-            self.new_cm[i] = cm[j];
-            self.s_im[i] = sim[j];
-        }
+        let cm = match_prob(&s.detach(), p.tau1)?;
+        let sim = intra_modal_consistency(&gv.detach(), &gt.detach(), &y)?;
+        self.pending.push((b.idx.to_vec(), cm, sim));
         Ok(loss)
     }
 
     /// The GMM on the pass's `S_IM` gives `y_IM`; both labels move by momentum.
     fn end_net(&mut self, k: usize, cfg: &TrainConfig) -> Result<()> {
+        let pending = std::mem::take(&mut self.pending);
+        if !pending.is_empty() {
+            let cms: Vec<Tensor> = pending.iter().map(|p| p.1.clone()).collect();
+            let sims: Vec<Tensor> = pending.iter().map(|p| p.2.clone()).collect();
+            let cm: Vec<f32> = Tensor::cat(&cms, 0)?.to_vec1()?;
+            let sim: Vec<f32> = Tensor::cat(&sims, 0)?.to_vec1()?;
+            let idx = pending.iter().flat_map(|p| p.0.iter().copied());
+            for (j, i) in idx.enumerate() {
+                self.new_cm[i] = cm[j];
+                self.s_im[i] = sim[j];
+            }
+        }
         let div = Division::fit(&self.s_im, cfg.mixture, CleanSide::HighMean);
         let new_im = div.clean_prob(&self.s_im);
         let old = &self.labels[k];

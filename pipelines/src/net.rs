@@ -1,6 +1,6 @@
 //! One trainable matching network with its optimiser.
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 use candle_nn::VarMap;
 use ncclean_models::{similarity, MatchingModel, ModelConfig, PairInputs, ParamStore};
 
@@ -136,26 +136,43 @@ impl Net {
     }
 
     /// Backward pass, global gradient-norm clipping, optimiser step.
-    /// Returns the gradient norm before clipping.
-    pub fn step(&mut self, loss: &Tensor) -> Result<f64> {
+    /// Returns the gradient norm before clipping: a scalar f64 tensor on
+    /// the device (reading it is a host round trip; training never does).
+    ///
+    /// Everything stays on the device, so a GPU step needs no
+    /// synchronisation. The arithmetic is the host version's, operation for
+    /// operation, so CPU results are bit-identical to it: the squared norms
+    /// are summed in f64 in the same order; a clipped gradient is
+    /// `g * scale + 0.0` (what `Tensor * f64`, an affine op, computed), and an
+    /// unclipped one `g * 1.0 + (-0.0)`, which is `g` exactly.
+    pub fn step(&mut self, loss: &Tensor) -> Result<Tensor> {
         let mut grads = loss.backward()?;
         let vars = self.varmap.all_vars();
-        let mut sq = 0f64;
+        let mut sq: Option<Tensor> = None;
         for v in &vars {
             if let Some(g) = grads.get(v.as_tensor()) {
-                sq += g
-                    .sqr()?
-                    .sum_all()?
-                    .to_dtype(candle_core::DType::F64)?
-                    .to_scalar::<f64>()?;
+                let s = g.sqr()?.sum_all()?.to_dtype(DType::F64)?;
+                sq = Some(match sq {
+                    None => s,
+                    Some(acc) => (acc + s)?,
+                });
             }
         }
-        let norm = sq.sqrt();
-        if self.clip > 0.0 && norm > self.clip {
-            let scale = self.clip / (norm + 1e-6);
+        let norm = match sq {
+            Some(sq) => sq.sqrt()?,
+            None => Tensor::zeros((), DType::F64, &self.device)?,
+        };
+        if self.clip > 0.0 {
+            let clipped = norm.gt(self.clip)?;
+            let scale = (norm.ones_like()? * self.clip)?.div(&(&norm + 1e-6)?)?;
+            let factor = clipped.where_cond(&scale, &norm.ones_like()?)?;
+            let zero = Tensor::zeros((), DType::F64, &self.device)?;
+            let offset = clipped.where_cond(&zero, &zero.neg()?)?;
             for v in &vars {
                 if let Some(g) = grads.remove(v.as_tensor()) {
-                    grads.insert(v.as_tensor(), (g * scale)?);
+                    let f = factor.to_dtype(g.dtype())?;
+                    let o = offset.to_dtype(g.dtype())?;
+                    grads.insert(v.as_tensor(), g.broadcast_mul(&f)?.broadcast_add(&o)?);
                 }
             }
         }
@@ -167,6 +184,95 @@ impl Net {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The step as it was before it moved onto the device: the squared
+    /// gradient norm read back per parameter, the clip decided on the host.
+    fn host_step(net: &mut Net, loss: &Tensor) -> Result<f64> {
+        let mut grads = loss.backward()?;
+        let vars = net.varmap.all_vars();
+        let mut sq = 0f64;
+        for v in &vars {
+            if let Some(g) = grads.get(v.as_tensor()) {
+                sq += g
+                    .sqr()?
+                    .sum_all()?
+                    .to_dtype(DType::F64)?
+                    .to_scalar::<f64>()?;
+            }
+        }
+        let norm = sq.sqrt();
+        if net.clip > 0.0 && norm > net.clip {
+            let scale = net.clip / (norm + 1e-6);
+            for v in &vars {
+                if let Some(g) = grads.remove(v.as_tensor()) {
+                    grads.insert(v.as_tensor(), (g * scale)?);
+                }
+            }
+        }
+        net.opt.step(&grads)?;
+        Ok(norm)
+    }
+
+    fn weights(net: &Net) -> Result<Vec<(String, Vec<u32>)>> {
+        let vars = net.varmap.data().lock().expect("unpoisoned");
+        let mut out = Vec::new();
+        for (name, v) in vars.iter() {
+            let bits = v
+                .as_tensor()
+                .flatten_all()?
+                .to_vec1::<f32>()?
+                .into_iter()
+                .map(f32::to_bits)
+                .collect();
+            out.push((name.clone(), bits));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    #[test]
+    fn the_device_step_is_bit_identical_to_the_host_step() -> Result<()> {
+        let dev = Device::Cpu;
+        let cfg = crate::test_support::precomputed_model(6, 8, 16);
+        let mut rng = ncclean_models::rng::Rng::new(3);
+        let mut v = |n: usize| (0..n).map(|_| rng.normal() as f32).collect::<Vec<_>>();
+        let data = crate::test_support::embedding_pairs(v(8 * 6), v(8 * 6), 6);
+        // A clip of 0.5 is hit by some steps and not others at lr 0.05.
+        for clip in [0.5, 0.0, 1e9] {
+            let mut device = Net::new(&cfg, 9, &dev, 5e-2, clip)?;
+            let mut host = Net::new(&cfg, 9, &dev, 5e-2, clip)?;
+            let (mut clipped, mut unclipped) = (0, 0);
+            for step in 0..12 {
+                let idx: Vec<usize> = (0..8).filter(|i| (i + step) % 3 != 0).collect();
+                let loss = |net: &Net| -> Result<Tensor> {
+                    let s = net.batch_similarity(&data, &idx)?;
+                    crate::losses::per_sample_hinge(&s, 0.2)?.mean_all()
+                };
+                let la = loss(&device)?;
+                let a = device.step(&la)?.to_scalar::<f64>()?;
+                let lb = loss(&host)?;
+                let b = host_step(&mut host, &lb)?;
+                assert_eq!(a.to_bits(), b.to_bits(), "clip {clip}, step {step}: norm");
+                if clip > 0.0 && b > clip {
+                    clipped += 1;
+                } else {
+                    unclipped += 1;
+                }
+                assert_eq!(
+                    weights(&device)?,
+                    weights(&host)?,
+                    "clip {clip}, step {step}"
+                );
+            }
+            if clip == 0.5 {
+                assert!(
+                    clipped > 0 && unclipped > 0,
+                    "{clipped} clipped, {unclipped} not"
+                );
+            }
+        }
+        Ok(())
+    }
 
     #[test]
     fn clipping_bounds_the_update_and_training_lowers_the_loss() -> Result<()> {

@@ -326,7 +326,11 @@ impl<M: Method> Pipeline for Runner<M> {
                 .or_else(|| (networks > 1).then(|| self.streams.batches(epoch, k)));
             let batches = shuffled_batches(&plan.train[k], batch, own.as_mut().unwrap_or(&mut rng));
             self.method.start_net(k, n);
-            let mut total = 0f64;
+            // Batch losses stay on the device and are read once, after the
+            // network's last batch: reading each one would stall a GPU every
+            // step. Summed on the host in batch order as before, so the
+            // epoch loss is bit-identical.
+            let mut losses = Vec::with_capacity(batches.len());
             for idx in &batches {
                 let b = Batch {
                     epoch,
@@ -341,17 +345,26 @@ impl<M: Method> Pipeline for Runner<M> {
                 } else {
                     self.method.batch_loss(&b)?
                 };
-                let value = l.to_scalar::<f32>()?;
-                if !value.is_finite() {
-                    let what = format!("network {k}'s loss is {value} ({} phase)", plan.phase);
-                    return Err(self.diverged(epoch, lr, &what));
-                }
-                total += f64::from(value);
                 self.nets[k].step(&l)?;
+                losses.push(l.detach());
                 obs.advance(1);
                 if obs.cancelled() {
                     return Err(Error::Interrupted);
                 }
+            }
+            let mut total = 0f64;
+            if !losses.is_empty() {
+                let values = Tensor::stack(&losses, 0)?
+                    .to_dtype(candle_core::DType::F32)?
+                    .to_vec1::<f32>()?;
+                // The first non-finite loss ends the epoch as it always did;
+                // the steps after it only touched weights that are dropped
+                // with the error.
+                if let Some(value) = values.iter().find(|v| !v.is_finite()) {
+                    let what = format!("network {k}'s loss is {value} ({} phase)", plan.phase);
+                    return Err(self.diverged(epoch, lr, &what));
+                }
+                total = values.iter().fold(0f64, |t, &v| t + f64::from(v));
             }
             if !warmup {
                 self.method.end_net(k, &self.cfg)?;

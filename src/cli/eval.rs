@@ -42,8 +42,9 @@ pub struct EvalArgs {
     /// Image limits (retrieval mode).
     #[command(flatten)]
     pub images: super::ImageArgs,
-    /// Device for retrieval mode.
-    #[arg(long, default_value = "cpu")]
+    /// Device: auto (CUDA when this build has it and a GPU answers, else the
+    /// CPU), cpu, cuda or cuda:N. The choice is said on stderr.
+    #[arg(long, default_value = "auto")]
     pub device: String,
     /// Boolean ground-truth column: true for a mismatched (noisy) pair.
     #[arg(long, default_value = "noisy")]
@@ -241,12 +242,13 @@ fn run_retrieval(a: &EvalArgs, rep: &Reporter) -> Result<()> {
             "eval --retrieval needs the held-out DATA to retrieve in".into(),
         ));
     }
-    let device = crate::device::open(&a.device)?;
+    let chosen = crate::device::choose(&a.device)?;
     let checkpoint = a
         .checkpoint
         .as_deref()
         .ok_or_else(|| crate::Error::Usage("--retrieval needs --checkpoint".into()))?;
-    let engine = crate::engine::Engine::load(checkpoint, &device)?;
+    let engine = crate::engine::Engine::load(checkpoint, &chosen.device)?;
+    rep.info(&chosen.line);
     let opts = crate::data::ColumnOptions {
         image_limits: a.images.limits(),
         ..Default::default()

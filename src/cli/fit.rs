@@ -74,8 +74,9 @@ pub struct FitArgs {
     /// interrupted run's epoch checkpoint is replaced.
     #[arg(long)]
     pub resume: bool,
-    /// Device: cpu, cuda or cuda:N (CUDA needs a build with `--features cuda`).
-    #[arg(long, default_value = "cpu")]
+    /// Device: auto (CUDA when this build has it and a GPU answers, else the
+    /// CPU), cpu, cuda or cuda:N. The choice is said on stderr.
+    #[arg(long, default_value = "auto")]
     pub device: String,
 }
 
@@ -112,7 +113,7 @@ fn overrides(a: &FitArgs) -> Result<toml::Table> {
 }
 
 pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
-    let device = crate::device::open(&a.device)?;
+    let chosen = crate::device::choose(&a.device)?;
     let user = match &a.config {
         Some(p) => Some(
             std::fs::read_to_string(p)
@@ -129,13 +130,14 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     // is read (exit 2 naming the key, the value and the allowed range).
     ncclean_pipelines::registry::validate(&a.method, &config)?;
     let input = a.data.open_with(&a.images)?;
-    let encoders = crate::encoders::EncoderSpec::resolve(
+    let mut encoders = crate::encoders::EncoderSpec::resolve(
         &input,
         a.encoders.image_encoder,
         a.encoders.text_encoder,
         a.encoders.image_model.clone(),
         a.encoders.text_model.clone(),
     )?;
+    encoders.tower_dtype = a.encoders.tower_dtype;
     let opts = FitOptions {
         encoders,
         cache: a.cache.options(),
@@ -147,7 +149,8 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         force: a.force,
         data_args: a.data.data.clone(),
     };
-    let s = engine::fit(&input, &opts, &device, rep)?;
+    rep.info(&chosen.line);
+    let s = engine::fit(&input, &opts, &chosen.device, rep)?;
     rep.info(&format!(
         "{} rows: {} usable ({} skipped), {} clean, estimated noise {:.1}%; trained in {:.1}s, scored {:.0} pairs/s",
         s.rows,

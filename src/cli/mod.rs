@@ -15,6 +15,7 @@ mod demo;
 mod eval;
 mod filter;
 mod fit;
+mod gpu_check;
 mod inspect;
 mod score;
 
@@ -57,6 +58,9 @@ enum Command {
     Filter(filter::FilterArgs),
     /// Detection metrics against ground truth (AUROC, AP, P/R/F1), or retrieval R@K of a checkpoint (--retrieval).
     Eval(eval::EvalArgs),
+    /// Measure a GPU machine: CPU/CUDA parity, decode and tower throughput, training speed (JSON).
+    #[command(hide = true)]
+    GpuCheck(gpu_check::GpuCheckArgs),
 }
 
 /// Input files and how to find their columns.
@@ -195,6 +199,10 @@ pub struct EncoderArgs {
     /// Text tower weights: a MiniLM/BERT or CLIP model directory / hub id.
     #[arg(long, value_name = "PATH|ID")]
     pub text_model: Option<String>,
+    /// Precision of the frozen MobileNetV2/CLIP towers: auto (f16 on CUDA,
+    /// f32 on the CPU), f32, f16 or bf16. MiniLM always runs in f32.
+    #[arg(long, value_enum, default_value_t = crate::encoders::TowerDtype::Auto)]
+    pub tower_dtype: crate::encoders::TowerDtype,
 }
 
 /// When a finished run counts as a partial result.
@@ -260,5 +268,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Score(a) => score::run(a, &rep),
         Command::Filter(a) => filter::run(a, &rep),
         Command::Eval(a) => eval::run(a, &rep),
+        Command::GpuCheck(a) => gpu_check::run(a, &rep),
     }
 }

@@ -34,14 +34,16 @@ pub struct ScoreArgs {
     /// Refit the mixture on the scored data instead of reusing the trained one.
     #[arg(long)]
     pub refit: bool,
-    /// Device: cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
+    /// Device: auto (CUDA when this build has it and a GPU answers, else the
+    /// CPU), cpu, cuda or cuda:N. The choice is said on stderr.
+    #[arg(long, default_value = "auto")]
     pub device: String,
 }
 
 pub fn run(a: ScoreArgs, rep: &Reporter) -> Result<()> {
-    let device = crate::device::open(&a.device)?;
-    let engine = Engine::load(&a.checkpoint, &device)?;
+    let chosen = crate::device::choose(&a.device)?;
+    let engine = Engine::load(&a.checkpoint, &chosen.device)?;
+    rep.info(&chosen.line);
     let input = a.data.open_with(&a.images)?;
     let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
     crate::rundir::check_not_an_input(&a.out, &files, "--out")?;
