@@ -53,9 +53,5 @@ for rate in "${rates[@]}"; do
   done
   fit_row "vanilla (CANDLE_NUM_THREADS=2)" vanilla "$rate" CANDLE_NUM_THREADS=2
   python3 examples/reference/vanilla_numpy.py "$out/train-noisy-$rate.parquet" --cache-dir "$out/cache" \
-    2>/dev/null | python3 -c '
-import json, sys
-r = json.load(sys.stdin)
-print(f"| vanilla (numpy reference) | {float(sys.argv[1]):.0%} | {r[\"auroc\"]:.4f} | {r[\"read_s\"] + r[\"fit_s\"]:.1f} | "
-      f"{r[\"train_s\"]:.1f} | {r[\"pairs\"] / max(r[\"score_s\"], 1e-9):,.0f} | numpy/OpenBLAS | |")' "$rate"
+    --markdown-row 2>/dev/null
 done
