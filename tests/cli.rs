@@ -10,7 +10,7 @@ use arrow_array::builder::{Float32Builder, ListBuilder};
 use arrow_array::{Array, ArrayRef, BinaryArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use common::snapshot::assert_snapshot;
-use common::{demo, eval_json, ncclean, ok, p};
+use common::{demo, eval_json, ncclean, ok, p, quick_fit};
 use ncclean::data::{read_labels, LabelRow, RowStatus};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
@@ -413,20 +413,7 @@ fn too_many_skipped_rows_exit_4_with_every_output_written() {
 fn out_dirs_that_would_lose_or_reread_data_exit_2() {
     let tmp = tempfile::tempdir().unwrap();
     let data = demo(tmp.path(), 20);
-    let fit = |input: &Path, run: &Path, extra: &[&str]| {
-        let mut args = vec![
-            "fit",
-            p(input),
-            "--out-dir",
-            p(run),
-            "--epochs",
-            "1",
-            "--warmup-epochs",
-            "1",
-        ];
-        args.extend_from_slice(extra);
-        ncclean(&args)
-    };
+    let fit = quick_fit;
     let inside = tmp.path().join("run");
     assert_snapshot(
         "fit_out_dir_inside_input_dir",

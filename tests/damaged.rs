@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use arrow_array::{Array, RecordBatch, StringArray};
 use common::hostile::{corrupt_page, replace_bytes, rewrite, INVALID, MARKER};
 use common::snapshot::assert_snapshot;
-use common::{demo, ncclean, p};
+use common::{demo, ncclean, p, quick_fit as fit};
 use ncclean::data::{read_labels, RowStatus};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
@@ -40,21 +40,6 @@ fn keys_of(path: &Path) -> Vec<String> {
         out.extend((0..s.len()).map(|i| s.value(i).to_string()));
     }
     out
-}
-
-fn fit(data: &Path, run: &Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec![
-        "fit",
-        p(data),
-        "--out-dir",
-        p(run),
-        "--epochs",
-        "1",
-        "--warmup-epochs",
-        "1",
-    ];
-    args.extend_from_slice(extra);
-    ncclean(&args)
 }
 
 fn stderr(out: &std::process::Output) -> String {

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use arrow_array::builder::{Float32Builder, ListBuilder};
 use arrow_array::{Array, ArrayRef, BinaryArray, RecordBatch, StringArray, StructArray};
 use arrow_schema::{DataType, Field, Fields, Schema};
-use common::{ncclean, p};
+use common::{ncclean, p, quick_fit};
 use ncclean::data::{ColumnOptions, ImageValue, InputSet};
 use ncclean_models::preprocess::{rgb_square, rgb_square_working_bytes};
 use parquet::arrow::ArrowWriter;
@@ -603,16 +603,7 @@ fn the_cli_survives_damaged_files() {
         std::fs::write(&data, bytes).unwrap();
         let inspect = ncclean(&["inspect", p(&data)]);
         let run = dir.join("run");
-        let fit = ncclean(&[
-            "fit",
-            p(&data),
-            "--out-dir",
-            p(&run),
-            "--epochs",
-            "1",
-            "--warmup-epochs",
-            "1",
-        ]);
+        let fit = quick_fit(&data, &run, &[]);
         for (cmd, out) in [("inspect", &inspect), ("fit", &fit)] {
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(

@@ -27,6 +27,24 @@ pub fn ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `ncclean fit DATA --out-dir RUN` with the shortest schedule (one warm-up
+/// epoch) plus `extra`: the end-to-end tests check what a run reads and
+/// writes, not what it learns.
+pub fn quick_fit(data: &Path, run: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "fit",
+        p(data),
+        "--out-dir",
+        p(run),
+        "--epochs",
+        "1",
+        "--warmup-epochs",
+        "1",
+    ];
+    args.extend_from_slice(extra);
+    ncclean(&args)
+}
+
 /// A temp path as a command-line argument.
 pub fn p(path: &Path) -> &str {
     path.to_str().expect("utf-8 temp path")
