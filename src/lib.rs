@@ -25,5 +25,6 @@ pub mod retrieval;
 pub mod rundir;
 pub mod temp;
 pub mod threads;
+pub mod threshold;
 
 pub use error::{Error, Result};
