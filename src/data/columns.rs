@@ -91,28 +91,105 @@ struct PresetNames {
 }
 
 fn preset_names(preset: Preset) -> PresetNames {
+    // Names as the data looks after img2dataset downloaded it (the
+    // metadata-only shards hold URLs, which `url_only` refuses with the
+    // download command): img2dataset writes the caption as `caption`
+    // whatever the source column was, and keeps `key`; LAION's and
+    // DataComp's own ids come along when passed as additional columns.
     match preset {
         Preset::Laion => PresetNames {
-            image: &["jpg", "image_embedding"],
-            caption: &["TEXT"],
-            key: &["SAMPLE_ID"],
+            image: &["jpg", "image_embedding", "img_emb"],
+            caption: &["caption", "TEXT"],
+            key: &["SAMPLE_ID", "key"],
         },
         Preset::Datacomp => PresetNames {
-            image: &["jpg", "image", "image_embedding"],
-            caption: &["text"],
-            key: &["uid"],
+            image: &["jpg", "image", "webp", "png", "image_embedding"],
+            caption: &["caption", "text"],
+            key: &["uid", "key"],
         },
         Preset::Img2dataset => PresetNames {
-            image: &["jpg"],
+            image: &["jpg", "webp", "png"],
             caption: &["caption"],
             key: &["key"],
         },
         Preset::Hf => PresetNames {
-            image: &["image"],
+            image: &["image", "img"],
             caption: &["text", "caption"],
-            key: &["id"],
+            key: &["id", "image_id"],
         },
     }
+}
+
+/// URL column names of web-scale metadata (LAION `URL`, DataComp and
+/// img2dataset `url`).
+const URL_NAMES: &[&str] = &["url", "image_url", "img_url"];
+
+/// The download command a user with URL-only metadata needs, for messages.
+fn download_hint(file: &Path, url_col: &str, caption_col: Option<&str>) -> String {
+    format!(
+        "ncclean reads images, not URLs: download them first, e.g. with img2dataset \
+         (pip install img2dataset):\n  img2dataset --url_list {} --input_format parquet \
+         --url_col {url_col} --caption_col {} --output_format parquet --output_folder shards/\n\
+         then run ncclean on shards/ with --preset img2dataset",
+        file.display(),
+        caption_col.unwrap_or("TEXT"),
+    )
+}
+
+/// A path column that holds URLs (by name, or by the first values, which
+/// the caller samples) is not something ncclean can read.
+pub(crate) fn url_only(
+    file: &Path,
+    image_col: &str,
+    caption_col: Option<&str>,
+    samples: &[&str],
+) -> Option<crate::Error> {
+    let by_name = URL_NAMES.iter().any(|n| n.eq_ignore_ascii_case(image_col));
+    let by_value = samples.iter().any(|v| {
+        let v = v.trim_start().to_ascii_lowercase();
+        v.starts_with("http://") || v.starts_with("https://")
+    });
+    (by_name || by_value).then(|| {
+        invalid(format!(
+            "{}: the image column \"{image_col}\" holds URLs. {}",
+            file.display(),
+            download_hint(file, image_col, caption_col)
+        ))
+    })
+}
+
+/// A schema with a URL column and no image column: metadata to download.
+fn url_metadata_error(file: &Path, schema: &Schema) -> Option<crate::Error> {
+    let url = schema.fields().iter().find(|f| {
+        URL_NAMES.iter().any(|n| n.eq_ignore_ascii_case(f.name())) && is_string(f.data_type())
+    })?;
+    let caption = detect_caption(schema).map(|f| f.name().as_str());
+    Some(invalid(format!(
+        "{}: no image column, but \"{}\" holds URLs. {}",
+        file.display(),
+        url.name(),
+        download_hint(file, url.name(), caption)
+    )))
+}
+
+/// A `list<Image>` column (several images per row, as some Hugging Face
+/// datasets store them) needs exploding first; say how.
+fn image_list_error(file: &Path, schema: &Schema) -> Option<crate::Error> {
+    let f = schema.fields().iter().find(|f| match f.data_type() {
+        DataType::List(inner) | DataType::LargeList(inner) => {
+            is_bytes_struct(inner.data_type()) || is_binary(inner.data_type())
+        }
+        _ => false,
+    })?;
+    Some(invalid(format!(
+        "{}: column \"{}\" holds a list of images per row; ncclean needs one image per row. \
+         Explode it first, e.g. in Python: pl.read_parquet(f).explode(\"{}\").write_parquet(out) \
+         (polars) or dataset.map(...) to one image per row (Hugging Face datasets), then pass --image-col {}",
+        file.display(),
+        f.name(),
+        f.name(),
+        f.name()
+    )))
 }
 
 /// How a column of this type stores an image, if it can.
@@ -318,8 +395,12 @@ pub fn resolve_columns(file: &Path, schema: &Schema, opts: &ColumnOptions) -> Re
 
     let image = match (&opts.image_col, &preset) {
         (Some(name), _) => explicit(file, schema, name, Role::Image)?,
-        (None, Some((p, names))) => from_preset(file, schema, *p, names.image, Role::Image)?,
+        (None, Some((p, names))) => from_preset(file, schema, *p, names.image, Role::Image)
+            .map_err(|e| url_metadata_error(file, schema).unwrap_or(e))?,
         (None, None) => detect_image(schema).ok_or_else(|| {
+            if let Some(e) = url_metadata_error(file, schema).or_else(|| image_list_error(file, schema)) {
+                return e;
+            }
             none_found(
                 file,
                 schema,
@@ -366,6 +447,11 @@ pub fn resolve_columns(file: &Path, schema: &Schema, opts: &ColumnOptions) -> Re
     }
     let image_kind =
         image_kind(image.data_type()).ok_or_else(|| wrong_type(file, image, Role::Image))?;
+    if image_kind == ImageKind::Path {
+        if let Some(e) = url_only(file, image.name(), Some(caption.name()), &[]) {
+            return Err(e);
+        }
+    }
     Ok(ColumnMap {
         image: image.name().clone(),
         image_kind,

@@ -12,9 +12,9 @@ use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
 use sha2::{Digest, Sha256};
 
-use super::columns::{check_same_columns, resolve_columns};
+use super::columns::{check_same_columns, resolve_columns, url_only};
 use super::read::{restore_strings, FileReader, Piece, RowGroupStream};
-use super::rows::{batch_to_pairs, list_values, plain, RowContext};
+use super::rows::{batch_to_pairs, list_values, plain, string_at, RowContext};
 use super::{ColumnMap, ColumnOptions, ImageKind, InputFile, InputSet, PairRow};
 use crate::error::{invalid, Result};
 use crate::hex::hex;
@@ -46,6 +46,9 @@ impl InputSet {
         let columns = resolve_columns(&first.path, &first.schema, opts)?;
         for f in &files[1..] {
             check_same_columns(&f.path, &f.schema, &columns, &first.path)?;
+        }
+        if columns.image_kind == ImageKind::Path {
+            refuse_urls(first, &columns)?;
         }
         let embedding_dim = if columns.image_kind == ImageKind::Embedding {
             embedding_dim(first, &columns.image)?
@@ -358,6 +361,34 @@ fn embedding_dim(first: &InputFile, column: &str) -> Result<Option<usize>> {
         }
     }
     Ok(best.map(|(len, _)| len))
+}
+
+/// Rows sampled from the first file to tell a URL column from a path column.
+const URL_SAMPLE_ROWS: usize = 16;
+
+/// A path column whose first values are URLs would fail row by row with a
+/// confusing "cannot read image file" each; refuse it up front with the
+/// download command instead.
+fn refuse_urls(first: &InputFile, columns: &ColumnMap) -> Result<()> {
+    let reader = Arc::new(FileReader::open(&first.path)?);
+    let Some(batch) = reader
+        .stream(Some(&[columns.image.as_str()]), URL_SAMPLE_ROWS, false)
+        .find_map(|p| match p {
+            Piece::Rows { batch, .. } => Some(batch),
+            Piece::Damaged(_) => None,
+        })
+    else {
+        return Ok(());
+    };
+    let array = plain(batch.column(0))?;
+    let values: Vec<String> = (0..array.len().min(URL_SAMPLE_ROWS))
+        .filter_map(|i| string_at(array.as_ref(), i))
+        .collect();
+    let refs: Vec<&str> = values.iter().map(String::as_str).collect();
+    match url_only(&first.path, &columns.image, Some(&columns.caption), &refs) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Streams [`PairRow`] batches file after file; stops after the first error.

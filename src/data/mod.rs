@@ -32,16 +32,19 @@ pub use write::{write_atomic, AtomicParquetWriter};
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Preset {
-    /// LAION shards: `TEXT`, `SAMPLE_ID`, image bytes in `jpg` or an
-    /// `image_embedding`.
+    /// LAION shards after img2dataset: image bytes in `jpg` (or an
+    /// `image_embedding`/`img_emb`), caption in `caption` (or the metadata's
+    /// `TEXT`), key `SAMPLE_ID` or `key`. URL-only metadata is refused with
+    /// the img2dataset command that downloads it.
     Laion,
-    /// DataComp shards: `text`, `uid`, image in `jpg`/`image` or an
-    /// `image_embedding`.
+    /// DataComp shards after img2dataset: image in `jpg`/`image`/`webp`/`png`
+    /// or an `image_embedding`, caption in `caption` (or `text`), key `uid`
+    /// or `key`.
     Datacomp,
-    /// img2dataset output: `caption`, `key`, `jpg`.
+    /// img2dataset parquet output: `jpg` (or `webp`/`png`), `caption`, `key`.
     Img2dataset,
     /// Hugging Face `datasets` export: an `image` struct `{bytes, path}`,
-    /// `text` or `caption`, optional `id`.
+    /// `text` or `caption`, optional `id`/`image_id`.
     Hf,
 }
 

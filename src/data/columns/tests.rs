@@ -75,10 +75,11 @@ fn presets_pick_their_names() {
         preset: Some(Preset::Laion),
         ..Default::default()
     };
+    // After img2dataset the caption is `caption`; LAION's own id wins as key.
     let m = resolve(&s, &laion).unwrap();
     assert_eq!(
         (m.caption.as_str(), m.key.as_deref()),
-        ("TEXT", Some("SAMPLE_ID"))
+        ("caption", Some("SAMPLE_ID"))
     );
     let i2d = ColumnOptions {
         preset: Some(Preset::Img2dataset),
@@ -173,4 +174,91 @@ fn image_columns_include_companions_not_caption_or_key() {
     ]);
     let m = resolve(&s, &ColumnOptions::default()).unwrap();
     assert_eq!(image_columns(&s, &m), vec!["jpg", "url", "image_embedding"]);
+}
+
+#[test]
+fn presets_match_real_layouts() {
+    let opts = |p| ColumnOptions {
+        preset: Some(p),
+        ..Default::default()
+    };
+    // img2dataset parquet output (from LAION or DataComp metadata).
+    let i2d = schema(vec![
+        ("key", DataType::Utf8),
+        ("caption", DataType::Utf8),
+        ("url", DataType::Utf8),
+        ("jpg", DataType::Binary),
+        ("status", DataType::Utf8),
+        ("uid", DataType::Utf8),
+    ]);
+    for (p, key) in [
+        (Preset::Img2dataset, "key"),
+        (Preset::Laion, "key"),
+        (Preset::Datacomp, "uid"),
+    ] {
+        let m = resolve(&i2d, &opts(p)).unwrap();
+        assert_eq!(
+            (m.image.as_str(), m.caption.as_str(), m.key.as_deref()),
+            ("jpg", "caption", Some(key)),
+            "{p:?}"
+        );
+    }
+    // DataComp metadata with precomputed embeddings.
+    let dc = schema(vec![
+        ("uid", DataType::Utf8),
+        ("text", DataType::Utf8),
+        ("image_embedding", float_list()),
+    ]);
+    let m = resolve(&dc, &opts(Preset::Datacomp)).unwrap();
+    assert_eq!(m.image_kind, ImageKind::Embedding);
+    assert_eq!(m.caption, "text");
+}
+
+#[test]
+fn url_only_metadata_is_refused_with_the_download_command() {
+    let laion_meta = schema(vec![
+        ("SAMPLE_ID", DataType::Int64),
+        ("URL", DataType::Utf8),
+        ("TEXT", DataType::Utf8),
+    ]);
+    for opts in [
+        ColumnOptions::default(),
+        ColumnOptions {
+            preset: Some(Preset::Laion),
+            ..Default::default()
+        },
+        ColumnOptions {
+            image_col: Some("URL".into()),
+            ..Default::default()
+        },
+    ] {
+        let e = resolve(&laion_meta, &opts).unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(e.exit_code(), 3, "{msg}");
+        for needle in [
+            "holds URLs",
+            "img2dataset --url_list data/x.parquet",
+            "--url_col URL",
+            "--caption_col TEXT",
+            "--preset img2dataset",
+        ] {
+            assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
+        }
+    }
+}
+
+#[test]
+fn a_list_of_images_per_row_is_explained() {
+    let s = schema(vec![
+        (
+            "images",
+            DataType::List(Arc::new(Field::new("item", hf_image(), true))),
+        ),
+        ("text", DataType::Utf8),
+    ]);
+    let msg = resolve(&s, &ColumnOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("list of images per row"), "{msg}");
+    assert!(msg.contains("explode(\"images\")"), "{msg}");
 }

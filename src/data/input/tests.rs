@@ -433,3 +433,37 @@ fn a_damaged_row_group_comes_out_as_problem_rows_in_small_batches() {
     assert_eq!(e.exit_code(), 3);
     assert!(e.to_string().starts_with("row group 1 of "), "{e}");
 }
+
+#[test]
+fn a_path_column_of_urls_is_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write_parquet(
+        dir.path(),
+        "meta.parquet",
+        vec![
+            (
+                "image_path",
+                strings(&[Some("https://example.com/a.jpg"), Some("http://x/b.png")]),
+            ),
+            ("caption", strings(&[Some("a"), Some("b")])),
+        ],
+    );
+    assert_invalid(
+        open(&[f]),
+        &[
+            "holds URLs",
+            "img2dataset --url_list",
+            "--url_col image_path",
+        ],
+    );
+    // Plain relative paths still open.
+    let g = write_parquet(
+        dir.path(),
+        "paths.parquet",
+        vec![
+            ("image_path", strings(&[Some("a.jpg"), Some("http_b.png")])),
+            ("caption", strings(&[Some("a"), Some("b")])),
+        ],
+    );
+    assert!(open(&[g]).is_ok());
+}
