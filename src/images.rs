@@ -53,6 +53,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 
+use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, ImageReader, Limits};
 
 /// Default of `--max-image-bytes`: 64 MiB, far above any photograph.
@@ -413,9 +414,36 @@ pub(crate) fn decode_in<T>(
     strict.max_image_height = Some(h);
     strict.max_alloc = Some(cost);
     decoder.set_limits(strict).map_err(|e| cannot(&e))?;
+    // Phones store photos sideways and say so in EXIF; a tower must see
+    // them upright. Rotating copies the decoded image once more.
+    let orientation = decoder
+        .orientation()
+        .unwrap_or(Orientation::NoTransforms);
+    let cost = if orientation == Orientation::NoTransforms {
+        cost
+    } else {
+        cost.saturating_add(decoder.total_bytes())
+    };
     let _reserved = budget.reserve(cost, total);
-    let img = DynamicImage::from_decoder(decoder).map_err(|e| cannot(&e))?;
+    let mut img = DynamicImage::from_decoder(decoder).map_err(|e| cannot(&e))?;
+    img.apply_orientation(orientation);
     Ok(finish(img))
+}
+
+/// The EXIF orientation code (1–8) that the header of `bytes` declares, or
+/// `None` for upright images, unknown formats and unreadable headers. Reads
+/// headers only, within the decode budget: cheap enough to run before a
+/// cache lookup, so that a rotated photo's cached features are keyed apart
+/// from features computed before orientation was applied.
+pub fn exif_orientation(bytes: &[u8], limits: &ImageLimits) -> Option<u8> {
+    let mut reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .ok()?;
+    let mut header_limits = Limits::default();
+    header_limits.max_alloc = Some(limits.decode_budget());
+    reader.limits(header_limits);
+    let o = reader.into_decoder().ok()?.orientation().ok()?;
+    (o != Orientation::NoTransforms).then(|| o.to_exif())
 }
 
 #[cfg(test)]

@@ -74,6 +74,17 @@ pub fn extract(
     ex.finish(rep)
 }
 
+/// The cache key of an image: its content hash, plus the EXIF orientation
+/// when the photo is stored rotated (decoding applies it), so features of
+/// such a photo computed before orientation was applied are never reused.
+fn image_key(bytes: &[u8], limits: &ImageLimits) -> Key {
+    let key = key_of(bytes);
+    match images::exif_orientation(bytes, limits) {
+        None => key,
+        Some(code) => key_of(&[&key[..], b"|exif-orientation=", &[code]].concat()),
+    }
+}
+
 /// Feature extraction fed batch by batch with the rows of an input, in
 /// order: distinct images and captions are decoded and encoded as the rows
 /// arrive (or found in the cache), and [`Extraction::finish`] returns every
@@ -151,7 +162,7 @@ impl<'a> Extraction<'a> {
                 match image_bytes(v, &self.limits) {
                     Err(e) => side.errors[base + k] = Some(e),
                     Ok(bytes) => {
-                        let key = key_of(&bytes);
+                        let key = image_key(&bytes, &self.limits);
                         if side.assign(base + k, key) {
                             todo.push((key, bytes));
                         }

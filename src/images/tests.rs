@@ -314,3 +314,61 @@ fn a_panicking_preprocessing_returns_its_reservation() {
     assert!(budget.peak() > 0);
     assert_eq!(*budget.in_use.lock().unwrap(), 0);
 }
+
+/// A JPEG of `w × h` pixels, left half black and right half white, with an
+/// EXIF APP1 segment declaring `orientation` (none when 0). The segment is
+/// written by hand: a little-endian TIFF header and one IFD entry, tag
+/// 0x0112 (Orientation), type SHORT, count 1.
+fn jpeg_with_orientation(w: u32, h: u32, orientation: u16) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(w, h, |x, _| {
+        if x < w / 2 {
+            image::Rgb([0, 0, 0])
+        } else {
+            image::Rgb([255, 255, 255])
+        }
+    });
+    let mut jpeg = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut jpeg, 95)
+        .encode_image(&img)
+        .unwrap();
+    if orientation == 0 {
+        return jpeg;
+    }
+    let mut tiff = b"II*\0".to_vec();
+    tiff.extend_from_slice(&8u32.to_le_bytes()); // first IFD at offset 8
+    tiff.extend_from_slice(&1u16.to_le_bytes()); // one entry
+    tiff.extend_from_slice(&0x0112u16.to_le_bytes());
+    tiff.extend_from_slice(&3u16.to_le_bytes()); // SHORT
+    tiff.extend_from_slice(&1u32.to_le_bytes()); // count
+    tiff.extend_from_slice(&orientation.to_le_bytes());
+    tiff.extend_from_slice(&[0, 0]); // value padding
+    tiff.extend_from_slice(&0u32.to_le_bytes()); // no next IFD
+    let mut app1 = b"Exif\0\0".to_vec();
+    app1.extend_from_slice(&tiff);
+    let mut out = jpeg[..2].to_vec(); // SOI
+    out.extend_from_slice(&[0xFF, 0xE1]);
+    out.extend_from_slice(&((app1.len() + 2) as u16).to_be_bytes());
+    out.extend_from_slice(&app1);
+    out.extend_from_slice(&jpeg[2..]);
+    out
+}
+
+#[test]
+fn exif_orientation_is_applied_before_preprocessing() {
+    let limits = ImageLimits::default();
+    let upright = jpeg_with_orientation(8, 4, 0);
+    let rotated = jpeg_with_orientation(8, 4, 6); // 6: rotate 90° clockwise
+    assert_eq!(exif_orientation(&upright, &limits), None);
+    assert_eq!(exif_orientation(&rotated, &limits), Some(6));
+    assert_eq!(exif_orientation(b"not an image", &limits), None);
+
+    let decode_rgb = |b: &[u8]| decode(b, &limits, no_working, |img| img.to_rgb8()).unwrap();
+    let a = decode_rgb(&upright);
+    assert_eq!(a.dimensions(), (8, 4));
+    // Rotated clockwise, the black left half becomes the top half.
+    let b = decode_rgb(&rotated);
+    assert_eq!(b.dimensions(), (4, 8));
+    let luma = |img: &image::RgbImage, x: u32, y: u32| img.get_pixel(x, y).0[0];
+    assert!(luma(&b, 2, 1) < 64 && luma(&b, 2, 6) > 192, "{b:?}");
+    assert!(luma(&a, 1, 2) < 64 && luma(&a, 6, 2) > 192);
+}
