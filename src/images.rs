@@ -416,9 +416,7 @@ pub(crate) fn decode_in<T>(
     decoder.set_limits(strict).map_err(|e| cannot(&e))?;
     // Phones store photos sideways and say so in EXIF; a tower must see
     // them upright. Rotating copies the decoded image once more.
-    let orientation = decoder
-        .orientation()
-        .unwrap_or(Orientation::NoTransforms);
+    let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
     let cost = if orientation == Orientation::NoTransforms {
         cost
     } else {

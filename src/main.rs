@@ -15,12 +15,7 @@ fn main() {
     let cli = ncclean::cli::Cli::parse();
     ncclean::interrupt::install();
     if let Err(e) = ncclean::cli::run(cli) {
-        eprintln!("error: {e}");
-        if let ncclean::Error::Other(inner) = &e {
-            for cause in inner.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
-            }
-        }
+        ncclean::progress::report_error(&e);
         std::process::exit(e.exit_code());
     }
 }

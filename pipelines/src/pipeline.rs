@@ -30,7 +30,10 @@ pub struct PairScores {
 /// What one epoch did, for logs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EpochStats {
-    /// 0-based epoch.
+    /// 0-based epoch in code; written 1-based (as people count, and as the
+    /// text log shows it) wherever it is serialised: JSON logs, stats.json,
+    /// checkpoints.
+    #[serde(with = "one_based")]
     pub epoch: usize,
     /// Phase name (e.g. "warmup", "train").
     pub phase: String,
@@ -40,6 +43,22 @@ pub struct EpochStats {
     pub clean_fraction: Option<f64>,
     /// Pairs trained on.
     pub pairs: usize,
+}
+
+/// Serialises a 0-based index as 1-based and back.
+mod one_based {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(i: &usize, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(*i as u64 + 1)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+        let n = u64::deserialize(d)?;
+        n.checked_sub(1)
+            .map(|i| i as usize)
+            .ok_or_else(|| serde::de::Error::custom("epochs count from 1"))
+    }
 }
 
 /// Receives progress from long-running pipeline work (batches within an epoch,
@@ -65,6 +84,28 @@ impl Observer for Silent {
     fn start(&mut self, _stage: &str, _total: u64) {}
     fn advance(&mut self, _n: u64) {}
     fn finish(&mut self) {}
+}
+
+#[cfg(test)]
+mod epoch_stats_tests {
+    use super::*;
+
+    #[test]
+    fn epochs_are_written_one_based_and_read_back() {
+        let s = EpochStats {
+            epoch: 0,
+            phase: "warmup".into(),
+            loss: 0.5,
+            clean_fraction: None,
+            pairs: 3,
+        };
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["epoch"], 1);
+        let back: EpochStats = serde_json::from_value(v).unwrap();
+        assert_eq!(back.epoch, 0);
+        let zero = serde_json::json!({"epoch": 0, "phase": "x", "loss": 0.0, "clean_fraction": null, "pairs": 0});
+        assert!(serde_json::from_value::<EpochStats>(zero).is_err());
+    }
 }
 
 /// A trained or trainable method, as the engine drives it. The one
