@@ -149,14 +149,26 @@ impl EncoderSpec {
         let text = text.unwrap_or(TextEncoder::DemoBow);
         let image_model = match image {
             ImageEncoder::MobilenetV2 | ImageEncoder::Clip => {
-                Some(image_model.ok_or_else(|| {
+                let fallback = (image == ImageEncoder::MobilenetV2)
+                    .then(crate::towers::default_mobilenet)
+                    .flatten()
+                    .map(|p| p.display().to_string());
+                Some(image_model.or(fallback).ok_or_else(|| {
                     Error::Usage(format!(
-                        "--image-encoder {} needs --image-model (a {} path)",
+                        "--image-encoder {} needs --image-model (a {}){}; `ncclean towers` lists the towers installed here",
                         image.name(),
                         if image == ImageEncoder::Clip {
                             "model directory or hub id"
                         } else {
-                            "model.safetensors"
+                            "model.safetensors path"
+                        },
+                        if image == ImageEncoder::Clip {
+                            String::new()
+                        } else {
+                            format!(
+                                ", or ${} / ~/.cache/ncclean/mobilenet_v2/model.safetensors",
+                                crate::towers::MOBILENET_ENV
+                            )
                         }
                     ))
                 })?)

@@ -428,6 +428,17 @@ pub(crate) fn decode_in<T>(
     Ok(finish(img))
 }
 
+/// Format and size from the header of `bytes`, without decoding pixels
+/// (None when the header cannot be read).
+pub fn header(bytes: &[u8]) -> Option<(image::ImageFormat, u32, u32)> {
+    let reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .ok()?;
+    let format = reader.format()?;
+    let (w, h) = reader.into_dimensions().ok()?;
+    Some((format, w, h))
+}
+
 /// The EXIF orientation code (1–8) that the header of `bytes` declares, or
 /// `None` for upright images, unknown formats and unreadable headers. Reads
 /// headers only, within the decode budget: cheap enough to run before a

@@ -26,5 +26,6 @@ pub mod rundir;
 pub mod temp;
 pub mod threads;
 pub mod threshold;
+pub mod towers;
 
 pub use error::{Error, Result};

@@ -81,6 +81,18 @@ pub fn default_minilm_dir() -> Option<PathBuf> {
     has_model_files(&dir).then_some(dir)
 }
 
+/// The Hugging Face hub cache root that [`resolve_model_dir`] searches
+/// ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub), for
+/// listing what is installed.
+pub fn hub_cache_dir() -> Option<PathBuf> {
+    hub_cache_root()
+}
+
+/// The user's home directory, if the environment names one.
+pub fn home() -> Option<PathBuf> {
+    home_dir()
+}
+
 /// Whether `dir` holds every file in [`REQUIRED_FILES`].
 pub fn has_model_files(dir: &Path) -> bool {
     REQUIRED_FILES.iter().all(|f| dir.join(f).is_file())

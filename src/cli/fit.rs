@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::data::ImageValue;
+use crate::encoders::ImageEncoder;
 use crate::engine::{self, FitOptions};
 use crate::error::{invalid, Error, Result};
 use crate::progress::Reporter;
@@ -138,6 +140,11 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         a.encoders.text_model.clone(),
     )?;
     encoders.tower_dtype = a.encoders.tower_dtype;
+    if a.encoders.image_encoder.is_none() && encoders.image == ImageEncoder::DemoCnn {
+        if let Some((w, h)) = first_photo(&input) {
+            crate::progress::warn_once(&crate::towers::toy_tower_warning(w, h));
+        }
+    }
     let opts = FitOptions {
         encoders,
         cache: a.cache.options(),
@@ -177,4 +184,19 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         dropped: s.filtered_dropped,
     }
     .check(&a.out_dir.join("filtered.parquet"))
+}
+
+/// The size of the first image when it looks like a photo (JPEG or WebP,
+/// at least 100 pixels on its short side): the toy towers' default is for
+/// the synthetic demo's small PNGs.
+fn first_photo(input: &crate::data::InputSet) -> Option<(u32, u32)> {
+    let rows = input.pairs(1).next()?.ok()?;
+    let bytes = match rows.first()?.image.as_ref()? {
+        ImageValue::Bytes(b) => b.clone(),
+        ImageValue::Path(p) => crate::images::read_file(p, input.image_limits.max_bytes).ok()?,
+        ImageValue::Embedding(_) => return None,
+    };
+    let (format, w, h) = crate::images::header(&bytes)?;
+    let photo = matches!(format, image::ImageFormat::Jpeg | image::ImageFormat::WebP);
+    (photo && w.min(h) >= 100).then_some((w, h))
 }

@@ -18,6 +18,7 @@ mod fit;
 mod gpu_check;
 mod inspect;
 mod score;
+mod towers;
 
 /// Find and clean mismatched image–caption pairs.
 ///
@@ -58,6 +59,8 @@ enum Command {
     Filter(filter::FilterArgs),
     /// Detection metrics against ground truth (AUROC, AP, P/R/F1), or retrieval R@K of a checkpoint (--retrieval).
     Eval(eval::EvalArgs),
+    /// List the pretrained towers installed here (MobileNetV2, MiniLM, CLIP) and the flags that use them.
+    Towers(towers::TowersArgs),
     /// Measure a GPU machine: CPU/CUDA parity, decode and tower throughput, training speed (JSON).
     #[command(hide = true)]
     GpuCheck(gpu_check::GpuCheckArgs),
@@ -268,6 +271,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Score(a) => score::run(a, &rep),
         Command::Filter(a) => filter::run(a, &rep),
         Command::Eval(a) => eval::run(a, &rep),
+        Command::Towers(a) => towers::run(a, &rep),
         Command::GpuCheck(a) => gpu_check::run(a, &rep),
     }
 }
