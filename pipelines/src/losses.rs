@@ -60,8 +60,8 @@ pub fn soft_margin_hinge(s: &Tensor, labels: &Tensor, alpha: f64, m: f64) -> Res
 /// `L(i) = max_{j≠i} [α̂_j − S_ii + S_ij]+ + [α̂_i − S_ii + max_{j≠i} S_ji]+`.
 ///
 /// `vanilla` trains with this form rather than [`soft_margin_hinge`]: on
-/// Flickr8k with 50% noise it detects noisy pairs with AUROC 0.973 against
-/// 0.955 (seeds 0–2; issue #16, BENCHMARKS.md "Parity with the reference").
+/// Flickr8k with 50% noise it detects noisy pairs with AUROC 0.9685 against
+/// 0.9550 (seeds 0–2; issue #16, BENCHMARKS.md "Parity with the reference").
 /// The image→text hinge of a pair then no longer shrinks with the pair's own
 /// uncertain label, only the text→image one does.
 pub fn ncr_soft_margin_hinge(s: &Tensor, labels: &Tensor, alpha: f64, m: f64) -> Result<Tensor> {

@@ -14,12 +14,20 @@
 //!   margin belongs to a caption, so image i against caption j uses caption
 //!   j's. METHODS.md section 0 asks for the query's own margin in both
 //!   directions ([`crate::losses::soft_margin_hinge`], which ESC keeps); for
-//!   vanilla that gave 0.955 at 50% noise (0.9599 / 0.9494 / 0.9556) against
-//!   0.973 with NCR's (0.9727 / 0.9702 / 0.9751).
-//! - The batch loss is the mean over pairs, not NCR's sum. With Adam and
-//!   gradient-norm clipping at 2.0 the sum clips every step; summed after a
-//!   mean warm-up it gave 0.8848 at 50% noise (seed 0), and with the query's
-//!   own margin 0.9628 (0.9640 / 0.9617 / 0.9626) against 0.955 for the mean.
+//!   vanilla that gave 0.9550 at 50% noise (0.9599 / 0.9494 / 0.9556)
+//!   against 0.9685 with NCR's (0.9680 / 0.9648 / 0.9727; 0.9727 / 0.9702 /
+//!   0.9751 in a build that rounded the same sums in another order: the
+//!   50% runs spread by ±0.005 with the rounding), and 0.9849 against
+//!   0.9853 at 20%.
+//! - The batch loss (warm-up and training) is the mean over pairs, as in
+//!   every ncclean method, not NCR's sum. Summed, the gradient is ~128×
+//!   larger and the norm clip at 2.0 acts on every step, so Adam sees
+//!   normalised gradients: 0.9710 (0.9716 / 0.9669 / 0.9745) instead of
+//!   0.9685 (0.9680 / 0.9648 / 0.9727) at 50% noise, but 0.9845 instead of
+//!   0.9853 at 20%. The sum would also tie what `lr` and `grad_clip` mean
+//!   to the batch size for this method alone; the mean stays. (Summing only
+//!   after a mean warm-up collapsed: 0.8848 / 0.9141 / 0.9529, because
+//!   Adam's second moments still held the warm-up's scale.)
 //! - The mixture is scikit-learn's GMM call as NCR makes it
 //!   (`division::gmm`), with one addition: [`crate::division::Division::clean_prob`]
 //!   makes the posterior monotone in the loss. Using the raw posterior
