@@ -26,8 +26,8 @@
 //!   0.9685 (0.9680 / 0.9648 / 0.9727) at 50% noise, but 0.9845 instead of
 //!   0.9853 at 20%. The sum would also tie what `lr` and `grad_clip` mean
 //!   to the batch size for this method alone; the mean stays. (Summing only
-//!   after a mean warm-up collapsed: 0.8848 / 0.9141 / 0.9529, because
-//!   Adam's second moments still held the warm-up's scale.)
+//!   after a mean warm-up collapsed: 0.8848 / 0.9141 / 0.9529, presumably
+//!   because Adam's second moments still held the warm-up's scale.)
 //! - The mixture is scikit-learn's GMM call as NCR makes it
 //!   (`division::gmm`), with one addition: [`crate::division::Division::clean_prob`]
 //!   makes the posterior monotone in the loss. Using the raw posterior
@@ -35,7 +35,13 @@
 //!   seed 0 from 0.9599 to 0.9570 (own margin).
 //! - NCR's `split_prob` (if every pair is above the threshold, the lowest 1%
 //!   is held out anyway) is not copied: at the noise rates measured it never
-//!   triggers, and on clean data holding out 1% at random is no evidence.
+//!   triggers, and when the mixture calls every pair clean, holding out its
+//!   lowest 1% is no evidence that they are noisy.
+//! - The cached tower features reach the head unnormalised (the head's
+//!   input normalisation belongs to issue #15). The references unit-normalise
+//!   them; in ncclean that is worth 0.9727 → 0.9742 at 50% noise (NCR's
+//!   margin, the rounding-order build above), in the reference 0.9724 →
+//!   0.9744.
 
 use candle_core::Tensor;
 use ncclean_models::ModelConfig;
