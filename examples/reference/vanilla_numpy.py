@@ -3,7 +3,7 @@
 
 The same matching head (per tower: linear + residual MLP, L2-normalised joint
 space), the same losses (NCR per-sample hinge for warm-up and division, VSE++
-hardest-negative hinge with a soft margin after it), the same two-component
+hardest-negative hinge with NCR's per-caption soft margin after it), the same two-component
 GMM (scikit-learn's GaussianMixture(2, max_iter=10, tol=1e-2,
 reg_covar=5e-4) on min-max normalised losses, started from a two-means
 split), Adam (no weight decay) with global gradient-norm clipping, and the
@@ -25,6 +25,13 @@ Usage (numpy and pyarrow from PyPI; nothing else):
     python3 examples/reference/vanilla_numpy.py --self-test   # gradients vs finite differences
 
 `--threads` caps OpenBLAS's threads (set before numpy is imported).
+
+Switches for the parity harness (examples/parity.sh, issue #16), one
+difference each: `--ncr` (NCR's released ContrastiveLoss: per-caption margin,
+losses summed over the batch), `--own-margin`, `--sum-over-batch`,
+`--raw-features` (ncclean feeds the cached features unnormalised),
+`--monotone` (ncclean's monotone clean posterior). NCR's `split_prob` is
+always applied (if every pair is above the threshold, the lowest 1% is not).
 """
 
 import argparse
@@ -46,13 +53,44 @@ def parse_args(argv):
     p.add_argument("--self-test", action="store_true", help="check the gradients and exit")
     p.add_argument("--markdown-row", action="store_true",
                    help="print a row of examples/bench_speed.sh's table instead of JSON")
+    add_variant_args(p)
     return p.parse_args(argv)
 
 
-ARGS = parse_args(sys.argv[1:])
-if ARGS.threads > 0:
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(ARGS.threads)
+def add_variant_args(p):
+    """Switches between ncclean's choices (the defaults) and the authors' code,
+    one difference each, so examples/parity.sh can measure them one at a time."""
+    p.add_argument("--ncr", action="store_true",
+                   help="NCR's ContrastiveLoss as released: per-caption margin and --sum-over-batch")
+    p.add_argument("--own-margin", action="store_true",
+                   help="the query's own soft margin in both directions (METHODS.md section 0; "
+                        "default: NCR's margin broadcast over columns, so the image->text hinge "
+                        "uses the negative caption's margin, as ncclean's vanilla)")
+    p.add_argument("--margin-per-caption", action="store_true",
+                   help="NCR's per-caption margin (the default; overrides --own-margin)")
+    p.add_argument("--sum-over-batch", action="store_true",
+                   help="sum the per-pair training losses over the batch, as NCR (ncclean: mean)")
+    p.add_argument("--raw-features", action="store_true",
+                   help="feed the cached tower features to the head as they are, as ncclean does "
+                        "(default: unit-normalised)")
+    p.add_argument("--monotone", action="store_true",
+                   help="make the clean posterior monotone in the score as ncclean's "
+                        "Division::clean_prob does (default: scikit-learn's predict_proba)")
+    p.add_argument("--label", default="", help="row label for --markdown-row / JSON")
+
+
+def cap_threads(threads):
+    """Cap the BLAS pools; only effective before numpy is first imported."""
+    if threads > 0:
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ[var] = str(threads)
+
+
+# Parsed only when run as a script: crcl_numpy.py imports this file for the
+# head, the features, the mixture and AUROC, and parses its own arguments.
+ARGS = parse_args(sys.argv[1:]) if __name__ == "__main__" else None
+if ARGS is not None:
+    cap_threads(ARGS.threads)
 
 import numpy as np  # noqa: E402  (after the thread variables)
 
@@ -100,7 +138,7 @@ def read_store(cache_dir, prefix):
     sys.exit(f"no {prefix} store under {cache_dir}; run `ncclean fit` with --cache-dir first")
 
 
-def load_features(data, cache_dir):
+def load_features(data, cache_dir, unit=True):
     import pyarrow.parquet as pq
 
     t = pq.read_table(data, columns=["image", "caption", "noisy"])
@@ -111,8 +149,9 @@ def load_features(data, cache_dir):
     txt_rows = [txt_index[key(c.encode())] for c in t.column("caption").to_pylist()]
     noisy = np.array(t.column("noisy").to_pylist(), dtype=bool)
     # The precomputed towers feed unit vectors to the head (models/src/model.rs).
-    unit = lambda x: x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-12)  # noqa: E731
-    return unit(img_table[img_rows]), unit(txt_table[txt_rows]), noisy
+    unit = unit and (lambda x: x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-12))  # noqa: E731
+    xi, xt = img_table[img_rows], txt_table[txt_rows]
+    return (unit(xi), unit(xt), noisy) if unit else (xi, xt, noisy)
 
 
 # ---------------------------------------------------------------------------
@@ -174,15 +213,23 @@ def per_sample_hinge_grad(s, margin):
     return loss * c, g
 
 
-def soft_margin_hinge_grad(s, labels, alpha, m):
-    """VSE++ hardest negative with the soft margin a(m^y - 1)/(m - 1), the query's own in both directions."""
+def soft_margin_hinge_grad(s, labels, alpha, m, per_caption=False):
+    """VSE++ hardest negative with the soft margin a(m^y - 1)/(m - 1), the query's own in both
+    directions; per_caption: NCR's ContrastiveLoss, where the margin vector is broadcast over the
+    columns of S, so the image->text hinge of image i against caption j uses caption j's margin
+    (and the hardest caption is picked with it)."""
     n = len(s)
     d = np.diag(s)
     margin = alpha * (np.power(m, labels) - 1.0) / (m - 1.0)
     masked = s - np.eye(n, dtype=s.dtype) * 1e4
-    jt = masked.argmax(1)  # hardest caption of image i
+    if per_caption:
+        cost_t = masked + margin[None, :]
+        jt = cost_t.argmax(1)
+        lt = cost_t[np.arange(n), jt] - d
+    else:
+        jt = masked.argmax(1)  # hardest caption of image i
+        lt = margin - d + masked[np.arange(n), jt]
     ji = masked.argmax(0)  # hardest image of caption i
-    lt = margin - d + masked[np.arange(n), jt]
     li = margin - d + masked[ji, np.arange(n)]
     at, ai = lt > 0, li > 0
     g = np.zeros_like(s)
@@ -196,7 +243,9 @@ def soft_margin_hinge_grad(s, labels, alpha, m):
 # ---------------------------------------------------------------------------
 # Division: scikit-learn's GMM on min-max normalised losses (division/gmm.rs).
 
-def gmm_clean_prob(stat):
+def gmm_clean_prob(stat, clean_low=True, monotone=False):
+    """Clean posterior of a 2-GMM on min-max normalised stat; clean_low: the low-mean component
+    is clean (losses), else the high-mean one (matching probabilities)."""
     x = stat.astype(np.float64)
     lo, hi = x.min(), x.max()
     if hi - lo < 1e-12:
@@ -236,10 +285,37 @@ def gmm_clean_prob(stat):
         w, mu, var = m_step(resp, False)
         if abs(bound - prev) < 1e-2:
             break
-    lp = log_probs(w, mu, var)
-    post = np.exp(lp - lp.max(1, keepdims=True))
-    post /= post.sum(1, keepdims=True)
-    return post[:, int(mu[1] < mu[0])]  # the low-mean component is clean (losses)
+    clean = int(mu[1] < mu[0]) if clean_low else int(mu[1] > mu[0])
+
+    def posterior(x):
+        prec = 1.0 / np.sqrt(var)
+        y = x[:, None] * prec - mu * prec
+        lp = np.log(w) - 0.5 * np.log(2 * np.pi) - 0.5 * y * y + np.log(prec)
+        p = np.exp(lp - lp.max(1, keepdims=True))
+        return (p / p.sum(1, keepdims=True))[:, clean]
+
+    post = posterior(x)
+    if not monotone:
+        return post
+    # ncclean's Division::clean_prob: on a 1,000-cell grid from the clean end (u = 0), the
+    # peak value on the clean side of the posterior's peak, the running minimum beyond it.
+    g = 1000
+    u_of = (lambda v: v) if clean_low else (lambda v: 1.0 - v)  # noqa: E731
+    grid = posterior(u_of(np.arange(g + 1) / g))
+    peak = int(np.argmax(grid))
+    env = grid.copy()
+    env[:peak + 1] = grid[peak]
+    env[peak:] = np.minimum.accumulate(grid[peak:])
+    cell = np.clip(np.floor(u_of(x) * g), 0, g).astype(int)
+    return np.where(cell < peak, np.maximum(post, grid[peak]), np.minimum(post, env[cell]))
+
+
+def split_prob(prob, threshold):
+    """NCR's split_prob: pairs above threshold are clean; if that is every pair, the 1% with the
+    lowest probability are not (NCR enforces some unlabeled data)."""
+    if prob.min() > threshold:
+        threshold = np.sort(prob)[len(prob) // 100]
+    return prob > threshold
 
 
 # ---------------------------------------------------------------------------
@@ -293,7 +369,7 @@ def hinge_statistic(vi, vt, cfg, rng):
     return (acc / shuffles).astype(np.float32)
 
 
-def train(xi, xt, cfg, seed):
+def train(xi, xt, cfg, seed, opts):
     rng = np.random.default_rng(seed)
     head = Head(rng, xi.shape[1], xt.shape[1], cfg)
     n, bs = len(xi), cfg["batch_size"]
@@ -303,13 +379,21 @@ def train(xi, xt, cfg, seed):
         lr = cfg["lr"] * cfg["lr_decay"] ** decays
         if epoch < cfg["warmup_epochs"]:
             train_idx = np.arange(n)
-            loss_of = lambda s, b: per_sample_hinge_grad(s, cfg["margin"])  # noqa: E731
+
+            def loss_of(s, b):
+                loss, g = per_sample_hinge_grad(s, cfg["margin"])
+                k = len(b) if opts.sum_over_batch else 1.0
+                return loss * k, g * k
         else:
             vi, vt = head.embed(xi, xt)
-            labels = gmm_clean_prob(hinge_statistic(vi, vt, cfg, rng))
-            train_idx = np.flatnonzero(labels > cfg["threshold"])
-            loss_of = lambda s, b: soft_margin_hinge_grad(  # noqa: E731
-                s, labels[b], cfg["margin"], cfg["soft_margin_m"])
+            labels = gmm_clean_prob(hinge_statistic(vi, vt, cfg, rng), monotone=opts.monotone)
+            train_idx = np.flatnonzero(split_prob(labels, cfg["threshold"]))
+
+            def loss_of(s, b):
+                loss, g = soft_margin_hinge_grad(s, labels[b], cfg["margin"], cfg["soft_margin_m"],
+                                                 per_caption=not opts.own_margin or opts.margin_per_caption)
+                k = len(b) if opts.sum_over_batch else 1.0
+                return loss * k, g * k
         order = train_idx[rng.permutation(len(train_idx))]
         total, batches = 0.0, 0
         for k in range(0, len(order), bs):
@@ -357,6 +441,8 @@ def self_test():
     for name, lg in [
         ("per-sample hinge", lambda s: per_sample_hinge_grad(s, 0.2)),
         ("soft-margin hinge", lambda s: soft_margin_hinge_grad(s, labels, 0.2, 10.0)),
+        ("soft-margin hinge, NCR per-caption margin",
+         lambda s: soft_margin_hinge_grad(s, labels, 0.2, 10.0, per_caption=True)),
     ]:
         _, grads = head.grads(xi, xt, lg)
         for p, g in zip(head.params, grads):
@@ -373,6 +459,14 @@ def self_test():
                 worst = max(worst, err)
         print(f"{name}: checked", file=sys.stderr)
     assert abs(per_sample_hinge_grad(np.eye(3), 0.2)[0] - per_sample_hinge(np.eye(3), 0.2).mean()) < 1e-12
+    # The per-caption margin by hand: S = [[0.5, 0.4], [0.1, 0.3]], margins (y = 1, 0) = (0.2, 0).
+    # Image 0 -> caption 1 uses caption 1's margin 0: [0 - 0.5 + 0.4]+ = 0 (own margin: 0.1);
+    # image 1 -> caption 0 uses 0.2: [0.2 - 0.3 + 0.1]+ = 0 (own: [0 - 0.3 + 0.1]+ = 0);
+    # caption 0 <- image 1: [0.2 - 0.5 + 0.1]+ = 0; caption 1 <- image 0: [0 - 0.3 + 0.4] = 0.1.
+    s2 = np.array([[0.5, 0.4], [0.1, 0.3]])
+    y2 = np.array([1.0, 0.0])
+    assert abs(soft_margin_hinge_grad(s2, y2, 0.2, 10.0, per_caption=True)[0] - 0.1 / 2) < 1e-12
+    assert abs(soft_margin_hinge_grad(s2, y2, 0.2, 10.0)[0] - 0.2 / 2) < 1e-12
     print(json.dumps({"self_test": "ok" if worst < 1e-5 else "FAILED", "max_rel_error": worst}))
     return worst < 1e-5
 
@@ -383,22 +477,24 @@ def main():
     if not ARGS.data or not ARGS.cache_dir:
         sys.exit("usage: vanilla_numpy.py DATA.parquet --cache-dir DIR (or --self-test)")
     cfg = load_config(ARGS.config, ARGS.section)
+    if ARGS.ncr:
+        ARGS.margin_per_caption = ARGS.sum_over_batch = True
     t0 = time.perf_counter()
-    xi, xt, noisy = load_features(ARGS.data, ARGS.cache_dir)
+    xi, xt, noisy = load_features(ARGS.data, ARGS.cache_dir, unit=not ARGS.raw_features)
     t1 = time.perf_counter()
-    head, rng = train(xi, xt, cfg, ARGS.seed)
+    head, rng = train(xi, xt, cfg, ARGS.seed, ARGS)
     t2 = time.perf_counter()
     vi, vt = head.embed(xi, xt)
-    clean = gmm_clean_prob(hinge_statistic(vi, vt, cfg, rng))
+    clean = gmm_clean_prob(hinge_statistic(vi, vt, cfg, rng), monotone=ARGS.monotone)
     t3 = time.perf_counter()
     auroc, ap = auroc_ap(1.0 - clean, noisy)
     if ARGS.markdown_row:
         rate = float(noisy.mean())
-        print(f"| vanilla (numpy reference) | {rate:.0%} | {auroc:.4f} | {t3 - t0:.1f} | "
+        print(f"| {ARGS.label or 'vanilla (numpy reference)'} | {rate:.0%} | {auroc:.4f} | {t3 - t0:.1f} | "
               f"{t2 - t1:.1f} | {len(xi) / max(t3 - t2, 1e-9):,.0f} | numpy/OpenBLAS | |")
         return
     print(json.dumps({
-        "method": "vanilla", "implementation": "numpy", "pairs": int(len(xi)),
+        "method": "vanilla", "implementation": "numpy", "label": ARGS.label, "seed": ARGS.seed, "pairs": int(len(xi)),
         "auroc": round(auroc, 4), "ap": round(ap, 4),
         "read_s": round(t1 - t0, 2), "train_s": round(t2 - t1, 2), "score_s": round(t3 - t2, 2),
         "fit_s": round(t3 - t1, 2), "threads": ARGS.threads or None, "numpy": np.__version__,
