@@ -745,6 +745,8 @@ fn a_bad_method_configuration_exits_2_from_fit_and_from_score() {
     ok(&[
         "fit",
         p(&data),
+        "--method",
+        "vanilla",
         "--out-dir",
         p(&run),
         "--epochs",
