@@ -30,13 +30,15 @@ pub mod neighbours;
 /// Which pairs replace a chosen pair's image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum NoiseMode {
-    /// The chosen pairs' images are permuted among themselves (NCR).
+    /// The chosen pairs' images are permuted among themselves (NCR's
+    /// benchmark noise: mostly unrelated images).
     #[default]
     Random,
-    /// Each chosen pair gets the image of one of its image's 3 nearest
-    /// neighbours by caption words ([`neighbours`]); never its own image.
+    /// Each chosen pair gets the image of one of the 3 images most similar
+    /// to its own by caption words, never its own image: the caption is
+    /// partly right for it.
     Hard,
-    /// A fraction of the chosen pairs hard, the rest random.
+    /// --hard-fraction of the chosen pairs hard, the rest random.
     Mixed,
 }
 

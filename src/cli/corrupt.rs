@@ -19,19 +19,16 @@ pub struct CorruptArgs {
     /// --mode says.
     #[arg(long)]
     pub rate: f64,
-    /// Which image replaces a corrupted pair's image. random: the corrupted
-    /// pairs' images are permuted among themselves (NCR's benchmark noise;
-    /// mostly unrelated images). hard: the image of one of the 3 most similar
-    /// other images, similarity being TF-IDF cosine of the content words of
-    /// all captions of each image (no features needed; independent of the
-    /// towers that are then trained), so the caption is partly right for it.
-    /// mixed: --hard-fraction of the corrupted pairs hard, the rest random.
-    #[arg(long, value_enum, default_value_t = NoiseMode::Random, verbatim_doc_comment)]
+    /// Which image replaces a corrupted pair's image. For hard, similarity
+    /// is the TF-IDF cosine of the content words of all captions of each
+    /// image: no features needed, and independent of the towers that are
+    /// then trained.
+    #[arg(long, value_enum, default_value_t = NoiseMode::Random)]
     pub mode: NoiseMode,
     /// With --mode mixed: fraction of the corrupted pairs that get hard noise
-    /// (0..=1); the rest get random noise.
-    #[arg(long, default_value_t = 0.5)]
-    pub hard_fraction: f64,
+    /// (0..=1; default 0.5); the rest get random noise.
+    #[arg(long)]
+    pub hard_fraction: Option<f64>,
     /// Seed of the permutation (recorded in the output's metadata).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -47,7 +44,7 @@ pub fn run(a: CorruptArgs, rep: &Reporter) -> Result<()> {
             a.rate
         )));
     }
-    if a.mode != NoiseMode::Mixed && a.hard_fraction != 0.5 {
+    if a.mode != NoiseMode::Mixed && a.hard_fraction.is_some() {
         return Err(Error::Usage(format!(
             "--hard-fraction only applies to --mode mixed (got --mode {})",
             a.mode.name()
@@ -58,7 +55,7 @@ pub fn run(a: CorruptArgs, rep: &Reporter) -> Result<()> {
         rate: a.rate,
         seed: a.seed,
         mode: a.mode,
-        hard_fraction: a.hard_fraction,
+        hard_fraction: a.hard_fraction.unwrap_or(0.5),
     };
     let s = crate::corrupt::corrupt(&input, &noise, &a.out)?;
     rep.info(&format!(
