@@ -745,6 +745,8 @@ fn a_bad_method_configuration_exits_2_from_fit_and_from_score() {
     ok(&[
         "fit",
         p(&data),
+        "--method",
+        "vanilla",
         "--out-dir",
         p(&run),
         "--epochs",
@@ -1107,4 +1109,95 @@ fn image_limit_flags_are_validated() {
         let out = ncclean(&["fit", p(&data), "--out-dir", p(&run), flag, value]);
         assert_snapshot(name, &out, tmp.path());
     }
+}
+
+#[test]
+fn corrupt_hard_mode_is_deterministic_and_never_keeps_the_own_image() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 300);
+    let run = |name: &str, extra: &[&str]| {
+        let out = tmp.path().join(name);
+        let mut args = vec!["corrupt", p(&data), "--rate", "0.4", "--seed", "2"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--out", p(&out)]);
+        let summary: serde_json::Value = serde_json::from_str(ok(&args).trim()).unwrap();
+        (out, summary)
+    };
+    let (hard, s) = run("hard.parquet", &["--mode", "hard"]);
+    // Every chosen pair gets another image: noisy = chosen = ⌊0.4 · 300⌋.
+    assert_eq!(
+        (s["chosen"].as_u64(), s["noisy"].as_u64()),
+        (Some(120), Some(120))
+    );
+    let (again, _) = run("again.parquet", &["--mode", "hard"]);
+    let images = |path: &Path| -> Vec<Vec<u8>> {
+        read_rows(path)
+            .iter()
+            .flat_map(|b| {
+                let col = b.column_by_name("image").unwrap();
+                let col = col.as_any().downcast_ref::<BinaryArray>().unwrap();
+                (0..col.len())
+                    .map(|i| col.value(i).to_vec())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let noisy = |path: &Path| -> Vec<bool> {
+        read_rows(path)
+            .iter()
+            .flat_map(|b| {
+                let col = b.column_by_name("noisy").unwrap();
+                let col = col
+                    .as_any()
+                    .downcast_ref::<arrow_array::BooleanArray>()
+                    .unwrap();
+                (0..col.len()).map(|i| col.value(i)).collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    assert_eq!(images(&hard), images(&again), "same seed, same output");
+    let (orig, got, flags) = (images(&data), images(&hard), noisy(&hard));
+    for i in 0..orig.len() {
+        assert_eq!(
+            flags[i],
+            orig[i] != got[i],
+            "row {i}: noisy iff the image changed"
+        );
+    }
+    // Mixed: the same chosen count; the mode and fraction are in the footer.
+    let (mixed, s) = run(
+        "mixed.parquet",
+        &["--mode", "mixed", "--hard-fraction", "0.25"],
+    );
+    assert_eq!(s["chosen"].as_u64(), Some(120));
+    let meta = ParquetRecordBatchReaderBuilder::try_new(File::open(&mixed).unwrap())
+        .unwrap()
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .cloned()
+        .unwrap();
+    let get = |k: &str| {
+        meta.iter()
+            .find(|kv| kv.key == k)
+            .and_then(|kv| kv.value.clone())
+    };
+    assert_eq!(get("ncclean.corrupt.mode").as_deref(), Some("mixed"));
+    assert_eq!(
+        get("ncclean.corrupt.hard_fraction").as_deref(),
+        Some("0.25")
+    );
+    // --hard-fraction belongs to --mode mixed only.
+    let out = ncclean(&[
+        "corrupt",
+        p(&data),
+        "--rate",
+        "0.4",
+        "--hard-fraction",
+        "0.3",
+        "--out",
+        p(&tmp.path().join("x.parquet")),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--mode mixed"));
 }

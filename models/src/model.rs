@@ -96,6 +96,14 @@ pub struct LocalOptions {
     /// Global pooling when `local` is set (ignored otherwise).
     #[serde(default)]
     pub pooling: Pooling,
+    /// Scale each precomputed global input vector (a frozen tower's cached
+    /// feature) to unit length before the projection. Frozen towers' raw
+    /// norms vary several-fold between items (MobileNetV2 14–36, MiniLM
+    /// 2.8–8.7) and carry no matching information, so without this the
+    /// head's first layer sees that spread as signal. Absent in checkpoints
+    /// written before the option existed: raw inputs, as they were trained.
+    #[serde(default)]
+    pub unit_inputs: bool,
 }
 
 impl LocalOptions {
@@ -105,6 +113,15 @@ impl LocalOptions {
         LocalOptions {
             local: method_needs_local || pooling == Pooling::Gpo,
             pooling,
+            unit_inputs: false,
+        }
+    }
+
+    /// The same head with [`LocalOptions::unit_inputs`] set to `on`.
+    pub fn with_unit_inputs(self, on: bool) -> LocalOptions {
+        LocalOptions {
+            unit_inputs: on,
+            ..self
         }
     }
 
@@ -317,6 +334,16 @@ impl MatchingModel {
         self.config.head
     }
 
+    /// A precomputed global input as the projection sees it: unit length
+    /// when the head says [`LocalOptions::unit_inputs`], else as given.
+    fn head_input(&self, global: &Tensor) -> Result<Tensor> {
+        if self.config.head.unit_inputs {
+            l2_normalize(global)
+        } else {
+            Ok(global.clone())
+        }
+    }
+
     /// The configuration this model was built from.
     pub fn config(&self) -> &ModelConfig {
         &self.config
@@ -336,7 +363,7 @@ impl MatchingModel {
             (
                 ImageTower::Precomputed { proj: Some(proj) },
                 ImageBatch::Embeddings { global, .. },
-            ) => proj.forward(global)?,
+            ) => proj.forward(&self.head_input(global)?)?,
             (ImageTower::Cnn { proj: None, .. }, ImageBatch::Pixels(_))
             | (ImageTower::Precomputed { proj: None }, ImageBatch::Embeddings { .. }) => {
                 return Ok(self.embed_images_local(x)?.0)
@@ -372,8 +399,12 @@ impl MatchingModel {
                         "local image features were not loaded for this batch (the engine loads them when the head or method needs them)"
                     );
                 };
-                let (g, l) =
-                    head.forward(&lb.feats, &lb.mask, || Ok(global.clone()), proj.as_ref())?;
+                let (g, l) = head.forward(
+                    &lb.feats,
+                    &lb.mask,
+                    || self.head_input(global),
+                    proj.as_ref(),
+                )?;
                 (g, l, lb.mask.clone())
             }
             _ => candle_core::bail!("image batch does not match the image tower of this model"),
@@ -403,8 +434,12 @@ impl MatchingModel {
                         "token features were not loaded for this batch (the engine loads them when the head or method needs them)"
                     );
                 };
-                let (g, l) =
-                    head.forward(&lb.feats, &lb.mask, || Ok(global.clone()), proj.as_ref())?;
+                let (g, l) = head.forward(
+                    &lb.feats,
+                    &lb.mask,
+                    || self.head_input(global),
+                    proj.as_ref(),
+                )?;
                 (g, l, lb.mask.clone())
             }
             _ => candle_core::bail!("text batch does not match the text tower of this model"),
@@ -455,7 +490,7 @@ impl MatchingModel {
                 TextBatch::Tokens { ids, mask },
             ) => proj.forward(&masked_mean(&emb.forward(ids)?, mask)?)?,
             (TextTower::Precomputed { proj: Some(proj) }, TextBatch::Embeddings { global, .. }) => {
-                proj.forward(global)?
+                proj.forward(&self.head_input(global)?)?
             }
             (TextTower::Bow { proj: None, .. }, TextBatch::Tokens { .. })
             | (TextTower::Precomputed { proj: None }, TextBatch::Embeddings { .. }) => {
@@ -514,7 +549,11 @@ mod tests {
 
     fn with_head(cfg: &ModelConfig, local: bool, pooling: Pooling) -> ModelConfig {
         ModelConfig {
-            head: LocalOptions { local, pooling },
+            head: LocalOptions {
+                local,
+                pooling,
+                unit_inputs: false,
+            },
             ..cfg.clone()
         }
     }
@@ -673,6 +712,50 @@ mod tests {
             hidden: 4,
             head: LocalOptions::default(),
         }
+    }
+
+    #[test]
+    fn unit_inputs_make_the_head_blind_to_input_norms() -> Result<()> {
+        let dev = Device::Cpu;
+        // Row 1 of each tower is row 0 times 3: same direction, other norm.
+        let imgs = ImageInputs::Embeddings {
+            data: vec![0.1, 0.2, -0.3, 0.4, 0.3, 0.6, -0.9, 1.2],
+            dim: 4,
+            local: None,
+        };
+        let texts = TextInputs::Embeddings {
+            data: vec![0.3, -0.1, 0.2, 0.9, -0.3, 0.6],
+            dim: 3,
+            local: None,
+        };
+        let rows = |t: Tensor| -> Result<(Vec<f32>, Vec<f32>)> {
+            let v: Vec<Vec<f32>> = t.to_vec2()?;
+            Ok((v[0].clone(), v[1].clone()))
+        };
+        let max_diff = |(a, b): (Vec<f32>, Vec<f32>)| {
+            a.iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max)
+        };
+        for unit in [false, true] {
+            let mut cfg = precomputed_config(false);
+            cfg.head = cfg.head.with_unit_inputs(unit);
+            let m = MatchingModel::new(&cfg, &mut ParamStore::new(3, &dev))?;
+            let di = max_diff(rows(m.embed_images(&imgs.batch(&[0, 1], &dev)?)?)?);
+            let dt = max_diff(rows(m.embed_texts(&texts.batch(&[0, 1], &dev)?)?)?);
+            if unit {
+                assert!(di < 1e-6 && dt < 1e-6, "{di} {dt}");
+            } else {
+                // Biases and the ReLU make the raw head depend on the norm.
+                assert!(di > 1e-3 && dt > 1e-3, "{di} {dt}");
+            }
+        }
+        // Checkpoints written before the option: raw inputs.
+        let old: LocalOptions = serde_json::from_str(r#"{"local":false,"pooling":"mean"}"#)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        assert!(!old.unit_inputs);
+        Ok(())
     }
 
     #[test]

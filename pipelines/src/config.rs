@@ -51,6 +51,11 @@ pub struct TrainConfig {
     /// patches and tokens). Any method runs on either head.
     #[serde(default)]
     pub head: Pooling,
+    /// Scale each frozen tower's cached global feature to unit length before
+    /// the head ([`ncclean_models::LocalOptions::unit_inputs`]); no effect on
+    /// the demo towers, which are trained.
+    #[serde(default)]
+    pub unit_inputs: bool,
     /// Method-specific parameters (the `[params]` table of a preset); each
     /// pipeline parses them into its own struct and rejects unknown keys.
     #[serde(default)]
@@ -142,7 +147,7 @@ impl TrainConfig {
 /// says which methods' losses need local features whatever the pooling).
 pub fn head_for(method: &str, cfg: &TrainConfig) -> LocalOptions {
     let needs_local = registry::find(method).is_ok_and(|m| m.needs_local_features);
-    LocalOptions::for_pooling(cfg.head, needs_local)
+    LocalOptions::for_pooling(cfg.head, needs_local).with_unit_inputs(cfg.unit_inputs)
 }
 
 /// Resolve a configuration: the method's preset, then `user` TOML (a partial
@@ -288,7 +293,8 @@ mod tests {
             head_for("esc", &c),
             LocalOptions {
                 local: true,
-                pooling: Pooling::Gpo
+                pooling: Pooling::Gpo,
+                unit_inputs: c.unit_inputs,
             }
         );
         let mean = parse_sets(&["head=mean".into()]).unwrap();
@@ -297,11 +303,16 @@ mod tests {
             head_for("recon", &c),
             LocalOptions {
                 local: true,
-                pooling: Pooling::Mean
+                pooling: Pooling::Mean,
+                unit_inputs: c.unit_inputs,
             }
         );
         let c = resolve("recon", None, &toml::Table::new()).unwrap();
         assert_eq!(head_for("recon", &c).pooling, Pooling::Gpo);
+        // unit_inputs: off unless set, then carried into the model's head.
+        assert!(!head_for("gsc", &resolve("gsc", None, &toml::Table::new()).unwrap()).unit_inputs);
+        let unit = parse_sets(&["unit_inputs=true".into()]).unwrap();
+        assert!(head_for("gsc", &resolve("gsc", None, &unit).unwrap()).unit_inputs);
         let bad = parse_sets(&["head=max".into()]).unwrap();
         let e = resolve("vanilla", None, &bad).unwrap_err();
         assert!(e.contains("max") && e.contains("gpo"), "{e}");

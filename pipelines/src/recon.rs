@@ -660,6 +660,7 @@ mod tests {
             head: LocalOptions {
                 local: true,
                 pooling: Pooling::Gpo,
+                unit_inputs: false,
             },
         };
         let net = Net::new(&cfg, 2, &dev, 1e-3, 2.0)?;

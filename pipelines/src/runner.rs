@@ -148,6 +148,7 @@ pub fn validate_params<M: Method>(cfg: &TrainConfig) -> Result<()> {
         head: LocalOptions {
             local: true,
             pooling: Pooling::Gpo,
+            unit_inputs: false,
         },
     };
     M::new(cfg, &everything).map(|_| ())

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::corrupt::{Noise, NoiseMode};
 use crate::error::{Error, Result};
 use crate::progress::Reporter;
 
@@ -14,9 +15,20 @@ use super::DataArgs;
 pub struct CorruptArgs {
     #[command(flatten)]
     pub data: DataArgs,
-    /// Fraction of pairs whose images are permuted among themselves (0..=1).
+    /// Fraction of pairs to corrupt (0..=1): their images are replaced as
+    /// --mode says.
     #[arg(long)]
     pub rate: f64,
+    /// Which image replaces a corrupted pair's image. For hard, similarity
+    /// is the TF-IDF cosine of the content words of all captions of each
+    /// image: no features needed, and independent of the towers that are
+    /// then trained.
+    #[arg(long, value_enum, default_value_t = NoiseMode::Random)]
+    pub mode: NoiseMode,
+    /// With --mode mixed: fraction of the corrupted pairs that get hard noise
+    /// (0..=1; default 0.5); the rest get random noise.
+    #[arg(long)]
+    pub hard_fraction: Option<f64>,
     /// Seed of the permutation (recorded in the output's metadata).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -32,11 +44,26 @@ pub fn run(a: CorruptArgs, rep: &Reporter) -> Result<()> {
             a.rate
         )));
     }
+    if a.mode != NoiseMode::Mixed && a.hard_fraction.is_some() {
+        return Err(Error::Usage(format!(
+            "--hard-fraction only applies to --mode mixed (got --mode {})",
+            a.mode.name()
+        )));
+    }
     let input = a.data.open()?;
-    let s = crate::corrupt::corrupt(&input, a.rate, a.seed, &a.out)?;
+    let noise = Noise {
+        rate: a.rate,
+        seed: a.seed,
+        mode: a.mode,
+        hard_fraction: a.hard_fraction.unwrap_or(0.5),
+    };
+    let s = crate::corrupt::corrupt(&input, &noise, &a.out)?;
     rep.info(&format!(
-        "permuted the images of {} of {} rows; {} pairs are now mismatched",
-        s.chosen, s.rows, s.noisy
+        "replaced the images of {} of {} rows ({} noise); {} pairs are now mismatched",
+        s.chosen,
+        s.rows,
+        a.mode.name(),
+        s.noisy
     ));
     println!(
         "{}",

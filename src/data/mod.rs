@@ -24,6 +24,7 @@ pub use columns::{image_columns, resolve_columns};
 pub(crate) use filter::check_same_schema;
 pub use filter::{write_filtered, FilterSummary};
 pub use labels::{read_labels, write_labels, LabelRow, RowStatus};
+pub(crate) use rows::{bytes_at, plain, string_at};
 pub use write::{write_atomic, AtomicParquetWriter};
 
 /// Column-layout presets for common dataset formats.

@@ -56,7 +56,7 @@ pub(crate) fn string_at(array: &dyn Array, row: usize) -> Option<String> {
     }
 }
 
-fn bytes_at(array: &dyn Array, row: usize) -> Option<&[u8]> {
+pub(crate) fn bytes_at(array: &dyn Array, row: usize) -> Option<&[u8]> {
     if array.is_null(row) {
         return None;
     }
