@@ -27,13 +27,13 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use self::group::{split_name, Grouper, Sample, WINDOW};
 use self::tar::{Entry, Member, TarReader};
-use super::{ColumnMap, ColumnOptions, FileFormat, ImageKind, ImageValue, InputFile, InputSet};
 use super::PairRow;
+use super::{ColumnMap, ColumnOptions, FileFormat, ImageKind, ImageValue, InputFile, InputSet};
 use crate::error::{invalid, Error, Result};
 use crate::images::human_bytes;
 
-pub use write::{write_filtered_tar, write_filtered_tar_shard};
 pub(crate) use write::write_filtered_parquet;
+pub use write::{write_filtered_tar, write_filtered_tar_shard};
 
 /// Largest caption (`.txt`) or metadata (`.json`) member read: captions are
 /// sentences and metadata a few fields, so anything larger is not one.
@@ -345,15 +345,14 @@ impl SampleStream {
                 .is_some_and(|s| s.members.iter().any(|(e, _, p)| want(e) && p.is_some()))
         };
         let is_image = |e: &str| IMAGE_EXTENSIONS.contains(&e);
-        let wants_json = matches!(self.layout.caption, CaptionFrom::Json(_))
-            || matches!(self.layout.key, KeyFrom::Json(_));
         let (limit, over) = if is_image(ext) && !has(&is_image) {
             (
                 self.max_image_bytes,
                 format!("--max-image-bytes ({})", human_bytes(self.max_image_bytes)),
             )
         } else if (ext == "txt" && self.layout.caption == CaptionFrom::Txt && !has(&|e| e == "txt"))
-            || (ext == "json" && wants_json && !has(&|e| e == "json"))
+            // The metadata is always read: parquet output carries it.
+            || (ext == "json" && !has(&|e| e == "json"))
         {
             (
                 MAX_TEXT_MEMBER_BYTES,

@@ -209,9 +209,7 @@ impl TarReader {
                     continue;
                 }
                 b'0' | 0 | b'7' => {
-                    let name = long_name
-                        .or(pax_path)
-                        .unwrap_or_else(|| ustar_name(&h));
+                    let name = long_name.or(pax_path).unwrap_or_else(|| ustar_name(&h));
                     let truncated = (data_at.saturating_add(ext_size) > self.len)
                         .then(|| self.len.saturating_sub(data_at));
                     if truncated.is_some() {
