@@ -122,12 +122,12 @@ impl TarReader {
             let at = self.next;
             if at >= self.len {
                 self.done = true;
-                return Ok(match long_name.or(pax_path) {
-                    None => None,
-                    Some(_) => Some(Entry::Damaged(format!(
+                // Extension headers read but no member after them.
+                return Ok((at > start).then(|| {
+                    Entry::Damaged(format!(
                         "the file ends after an extension header at byte {start}, before the member it describes (a truncated tar)"
-                    ))),
-                });
+                    ))
+                }));
             }
             if self.len - at < BLOCK {
                 self.done = true;
