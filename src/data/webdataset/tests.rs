@@ -408,3 +408,51 @@ fn mixed_formats_and_the_other_formats_flags_are_refused() {
     assert_eq!(set.files.len(), 1);
     assert_eq!(set.files[0].path, t);
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config { cases: 96, ..Default::default() })]
+
+    /// Whatever a shard's bytes (truncated, bits flipped, runs zeroed), it is
+    /// invalid input or it gives exactly the rows its header scan counted,
+    /// in order, and a filtered copy of every sample can be written.
+    #[test]
+    fn damaged_shards_give_exactly_the_counted_rows_or_invalid_input(
+        cut in 0usize..12_000,
+        flips in proptest::collection::vec((0usize..12_000, 0u8..=255), 0..6),
+        zero_run in proptest::option::of((0usize..12_000, 1usize..700)),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut members = samples(&["000", "001", "002"]);
+        members.push(m(&format!("{}/003.jpg", "d".repeat(120)), &[9u8; 900]));
+        members.push(m("003.txt", b"late member"));
+        let path = write_tar(dir.path(), "s.tar", &members);
+        let mut bytes = std::fs::read(&path).unwrap();
+        for (at, v) in flips {
+            if let Some(b) = bytes.get_mut(at) {
+                *b ^= v;
+            }
+        }
+        if let Some((at, n)) = zero_run {
+            let end = (at + n).min(bytes.len());
+            if at < end {
+                bytes[at..end].fill(0);
+            }
+        }
+        bytes.truncate(cut.min(bytes.len()));
+        std::fs::write(&path, &bytes).unwrap();
+
+        let set = match InputSet::open(std::slice::from_ref(&path), &ColumnOptions::default()) {
+            Ok(s) => s,
+            Err(e) => {
+                proptest::prop_assert_eq!(e.exit_code(), 3, "{}", e);
+                return Ok(());
+            }
+        };
+        let rows: Vec<PairRow> = set.pairs(2).flat_map(|b| b.unwrap()).collect();
+        let order: Vec<usize> = rows.iter().map(|r| r.source_row).collect();
+        proptest::prop_assert_eq!(order, (0..set.num_rows()).collect::<Vec<_>>());
+        let keep = vec![true; set.num_rows()];
+        let s = write_filtered_tar_shard(&path, &keep, &dir.path().join("out.tar")).unwrap();
+        proptest::prop_assert_eq!(s.rows_in, set.num_rows());
+    }
+}
