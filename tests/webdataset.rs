@@ -191,6 +191,27 @@ fn tar_shards_are_labelled_and_filtered_like_the_same_pairs_in_parquet() {
     assert_eq!(v["rows"], want.len() / 3);
     assert_eq!(v["columns"]["image"], "image");
 
+    // corrupt reads the shards as the table of key, image, caption, json.
+    let noisy = tmp.path().join("noisy.parquet");
+    ok(&[
+        "corrupt",
+        p(&glob),
+        "--rate",
+        "0.3",
+        "--seed",
+        "1",
+        "--out",
+        p(&noisy),
+    ]);
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", p(&noisy), "--json", "--no-decode"])).unwrap();
+    assert_eq!(
+        (v["rows"].clone(), v["unusable"].clone()),
+        (120.into(), 0.into()),
+        "{v}"
+    );
+    assert!(v["schema"].to_string().contains("noisy: Boolean"), "{v}");
+
     // A parquet input cannot be filtered to tar.
     let out = ncclean(&[
         "filter",
