@@ -20,9 +20,15 @@ pub struct FilterArgs {
     /// Labels parquet from `fit` or `score` on this data.
     #[arg(long, value_name = "FILE")]
     pub labels: PathBuf,
-    /// Output parquet: the kept rows, all original columns unchanged.
+    /// Output file: the kept rows, all original columns unchanged (for tar
+    /// input, a tar of the kept samples' members; see --format).
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
+    /// Output format: parquet, or tar (tar input only: the kept samples'
+    /// members byte for byte). Default: by the --out extension (.tar,
+    /// .parquet), else the input's format.
+    #[arg(long, value_enum)]
+    pub format: Option<data::OutputFormat>,
     /// Keep rows with clean_prob >= P instead of the labels' is_clean.
     #[arg(long, value_name = "P", conflicts_with = "keep_fraction")]
     pub min_prob: Option<f64>,
@@ -106,7 +112,8 @@ pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
         a.labels.display().to_string(),
     );
     meta.insert("ncclean.filter.rule".to_string(), rule.to_string());
-    let s = data::write_filtered(&input, &keep, &a.out, &meta)?;
+    let format = data::OutputFormat::choose(&input, &a.out, a.format);
+    let s = data::write_filtered_as(&input, &keep, &a.out, &meta, format)?;
     rep.info(&format!(
         "kept {} of {} rows ({rule})",
         s.rows_out, s.rows_in

@@ -78,6 +78,7 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
             "files": files,
             "schema": schema,
             "columns": input.columns,
+            "format": input.files[0].format,
             "embedding_dim": input.embedding_dim,
             "rows": total,
             "usable": total - unusable,
@@ -97,6 +98,12 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
         println!("  {s}");
     }
     let c = &input.columns;
+    if let crate::data::FileFormat::Webdataset(layout) = &input.files[0].format {
+        println!("webdataset tar shards (seen as the table above):");
+        println!("  image:   the KEY.jpg, .jpeg, .png or .webp member");
+        println!("  caption: {}", layout.caption);
+        println!("  key:     {}", layout.key);
+    }
     println!("columns:");
     println!("  image:   {} ({:?})", c.image, c.image_kind);
     println!("  caption: {}", c.caption);

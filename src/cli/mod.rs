@@ -69,7 +69,9 @@ enum Command {
 /// Input files and how to find their columns.
 #[derive(Debug, Clone, Args)]
 pub struct DataArgs {
-    /// Parquet files, directories of them, or globs (`shards/*.parquet`).
+    /// Parquet files or webdataset tar shards (`*.tar`, as img2dataset
+    /// writes them), directories of them, or globs (`shards/*.parquet`,
+    /// `shards/*.tar`). One run reads one of the two formats.
     #[arg(required = true, value_name = "DATA")]
     pub data: Vec<PathBuf>,
     /// Image column: bytes, a {bytes, path} struct, a path string or a list<float> embedding.
@@ -87,6 +89,16 @@ pub struct DataArgs {
     /// Directory that relative image paths are resolved against (default: next to each parquet file).
     #[arg(long, value_name = "DIR")]
     pub image_root: Option<PathBuf>,
+    /// Tar shards: where a sample's caption comes from, the KEY.txt member
+    /// (txt, the default) or a string field of KEY.json (json:FIELD, e.g.
+    /// json:caption).
+    #[arg(long, value_name = "txt|json:FIELD")]
+    pub caption_from: Option<crate::data::CaptionFrom>,
+    /// Tar shards: where a sample's key comes from, the member name (name,
+    /// the default: KEY of KEY.jpg) or a field of KEY.json (json:FIELD, e.g.
+    /// json:key; samples without it keep the member name).
+    #[arg(long, value_name = "name|json:FIELD")]
+    pub key_from: Option<crate::data::KeyFrom>,
 }
 
 impl DataArgs {
@@ -100,6 +112,8 @@ impl DataArgs {
             preset: self.preset,
             image_root: self.image_root.clone(),
             image_limits: ImageLimits::default(),
+            caption_from: self.caption_from.clone(),
+            key_from: self.key_from.clone(),
         }
     }
 
@@ -122,8 +136,9 @@ impl DataArgs {
 /// them (see `crate::images`).
 #[derive(Debug, Clone, Args)]
 pub struct ImageArgs {
-    /// Largest image file read from a path column; larger files are skipped
-    /// with their size. Bytes, or with a K, M or G suffix (powers of 1024).
+    /// Largest image file read from a path column (or image member of a tar
+    /// shard); larger ones are skipped with their size. Bytes, or with a K,
+    /// M or G suffix (powers of 1024).
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = byte_size)]
     pub max_image_bytes: u64,
     /// Images with more pixels than this (width × height, read from the

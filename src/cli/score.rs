@@ -28,7 +28,8 @@ pub struct ScoreArgs {
     /// Labels parquet to write.
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
-    /// Also write the rows labelled clean to this parquet file.
+    /// Also write the rows labelled clean to this file: parquet, or for tar
+    /// input a tar of the clean samples' members when FILE ends in .tar.
     #[arg(long, value_name = "FILE")]
     pub filtered: Option<PathBuf>,
     /// Refit the mixture on the scored data instead of reusing the trained one.
@@ -62,7 +63,9 @@ pub fn run(a: ScoreArgs, rep: &Reporter) -> Result<()> {
     if let Some(f) = &a.filtered {
         let pending = crate::temp::Pending::new(f)?;
         let keep = keep_mask(&input, &scored.labels)?;
-        let written = data::write_filtered(&input, &keep, pending.tmp_path(), &scored.metadata)?;
+        let format = data::OutputFormat::choose(&input, f, None);
+        let written =
+            data::write_filtered_as(&input, &keep, pending.tmp_path(), &scored.metadata, format)?;
         filtered_rows = Some(written.rows_out);
         filtered_check = written.check(f);
         filtered_out = Some(pending);

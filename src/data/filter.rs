@@ -47,9 +47,64 @@ impl FilterSummary {
     }
 }
 
+/// The format of a filtered dataset (`ncclean filter --format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Parquet: the input's columns (for tar input: key, image, caption,
+    /// json).
+    Parquet,
+    /// A webdataset tar of the kept samples' members, byte for byte (tar
+    /// input only).
+    Tar,
+}
+
+impl OutputFormat {
+    /// `explicit` when given; else by the output's extension (`.tar`,
+    /// `.parquet`); else the format of the input.
+    pub fn choose(input: &InputSet, out: &Path, explicit: Option<OutputFormat>) -> OutputFormat {
+        if let Some(f) = explicit {
+            return f;
+        }
+        let ext = out
+            .extension()
+            .map(|e| e.to_string_lossy().to_ascii_lowercase());
+        match ext.as_deref() {
+            Some("tar") => OutputFormat::Tar,
+            Some("parquet") => OutputFormat::Parquet,
+            _ if input
+                .files
+                .iter()
+                .all(|f| matches!(f.format, super::FileFormat::Webdataset(_))) =>
+            {
+                OutputFormat::Tar
+            }
+            _ => OutputFormat::Parquet,
+        }
+    }
+}
+
+/// [`write_filtered`] or [`super::write_filtered_tar`], as `format` says
+/// (`metadata` only goes into parquet footers).
+pub fn write_filtered_as(
+    input: &InputSet,
+    keep: &[Vec<bool>],
+    out: &Path,
+    metadata: &BTreeMap<String, String>,
+    format: OutputFormat,
+) -> Result<FilterSummary> {
+    match format {
+        OutputFormat::Parquet => write_filtered(input, keep, out, metadata),
+        OutputFormat::Tar => {
+            check_keep_shape(input, keep)?;
+            super::write_filtered_tar(input, keep, out)
+        }
+    }
+}
+
 /// Write the rows of `input` whose `keep[file][row]` is true, all original
 /// columns and the schema unchanged (`metadata` added to the footer),
-/// streaming batch by batch. Several input files go into one output file,
+/// streaming batch by batch. Tar shards are written as rows of key, image,
+/// caption and json (for tar output see [`super::write_filtered_tar`]). Several input files go into one output file,
 /// so their schemas must be equal (else [`crate::Error::InvalidInput`]).
 ///
 /// Row groups without a kept row are not read. A kept row that cannot be
@@ -64,6 +119,13 @@ pub fn write_filtered(
     metadata: &BTreeMap<String, String>,
 ) -> Result<FilterSummary> {
     check_keep_shape(input, keep)?;
+    if input
+        .files
+        .iter()
+        .any(|f| matches!(f.format, super::FileFormat::Webdataset(_)))
+    {
+        return super::webdataset::write_filtered_parquet(input, keep, out, metadata);
+    }
     check_same_schema(input)?;
     let schema = input.files[0].schema.clone();
     let mut writer = AtomicParquetWriter::create(out, schema.clone(), metadata)?;

@@ -15,7 +15,8 @@ use sha2::{Digest, Sha256};
 use super::columns::{check_same_columns, resolve_columns, url_only};
 use super::read::{restore_strings, FileReader, Piece, RowGroupStream};
 use super::rows::{batch_to_pairs, list_values, plain, string_at, RowContext};
-use super::{ColumnMap, ColumnOptions, ImageKind, InputFile, InputSet, PairRow};
+use super::webdataset::{self, PairBatches};
+use super::{ColumnMap, ColumnOptions, FileFormat, ImageKind, InputFile, InputSet, PairRow};
 use crate::error::{invalid, Result};
 use crate::hex::hex;
 use crate::images::ImageBase;
@@ -25,9 +26,13 @@ use crate::images::ImageBase;
 const EMBEDDING_SAMPLE_ROWS: usize = 1024;
 
 impl InputSet {
-    /// Expand `inputs` (files, directories of `*.parquet` sorted by name, or
-    /// simple globs with `*`/`?` in the file name), read every footer, and
-    /// detect and validate the columns.
+    /// Expand `inputs` (files, directories of `*.parquet` or `*.tar` sorted
+    /// by name, or simple globs with `*`/`?` in the file name), read every
+    /// footer, and detect and validate the columns.
+    ///
+    /// Files named `*.tar` are webdataset shards (see `--caption-from`):
+    /// each one's headers are scanned to count its samples. One set is all
+    /// parquet or all tar; a mix is [`crate::Error::Usage`].
     ///
     /// Every file must be a readable parquet file with at least one row, and
     /// every file must have the columns resolved on the first one with
@@ -36,6 +41,26 @@ impl InputSet {
     /// embeddings, the first rows of one column).
     pub fn open(inputs: &[PathBuf], opts: &ColumnOptions) -> Result<InputSet> {
         let paths = expand_inputs(inputs)?;
+        let tars = paths.iter().filter(|p| webdataset::is_tar(p)).count();
+        if tars > 0 {
+            if let Some(p) = paths.iter().find(|p| !webdataset::is_tar(p)) {
+                return Err(crate::Error::Usage(format!(
+                    "{} is not a tar shard, but other inputs are: one run reads either parquet files or webdataset tar shards; run them separately",
+                    p.display()
+                )));
+            }
+            return webdataset::open_set(paths, opts);
+        }
+        for (flag, given) in [
+            ("--caption-from", opts.caption_from.is_some()),
+            ("--key-from", opts.key_from.is_some()),
+        ] {
+            if given {
+                return Err(crate::Error::Usage(format!(
+                    "{flag} applies to webdataset tar shards; for parquet inputs use --caption-col and --key-col"
+                )));
+            }
+        }
         let mut files = Vec::with_capacity(paths.len());
         for path in paths {
             files.push(read_footer(&path)?);
@@ -86,12 +111,15 @@ impl InputSet {
             batch_rows: batch_rows.max(1),
             file: 0,
             stream: None,
+            tar: None,
             lost: None,
             done: false,
         }
     }
 
-    /// Stream the full record batches (all columns) of one file, in order.
+    /// Stream the full record batches (all columns) of one file, in order
+    /// (a tar shard's as the table of key, image, caption and json, with
+    /// nulls where a sample has no usable image or caption).
     ///
     /// A row group that cannot be decoded ends the stream with
     /// [`crate::Error::InvalidInput`] naming the file, the row group and the
@@ -106,6 +134,15 @@ impl InputSet {
             .files
             .get(file)
             .ok_or_else(|| anyhow::anyhow!("input file index {file} out of range"))?;
+        if let FileFormat::Webdataset(layout) = &f.format {
+            let batches = webdataset::record_batches(
+                &f.path,
+                layout,
+                self.image_limits.max_bytes,
+                batch_rows,
+            )?;
+            return Ok(Box::new(batches.map(|b| b.map(|(batch, _)| batch))));
+        }
         let reader = Arc::new(FileReader::open(&f.path)?);
         let mut failed = false;
         Ok(Box::new(reader.stream(None, batch_rows, false).map_while(
@@ -200,18 +237,24 @@ fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
             let matches = list_dir(dir, |n| wildcard_match(&name, n))?;
             if matches.is_empty() {
                 return Err(invalid(format!(
-                    "{}: no files match; expected parquet files",
+                    "{}: no files match; expected parquet files or tar shards",
                     input.display()
                 )));
             }
             out.extend(matches);
         } else if input.is_dir() {
-            let matches = list_dir(input, |n| {
-                !n.starts_with('.') && n.to_ascii_lowercase().ends_with(".parquet")
-            })?;
+            // img2dataset's webdataset output puts a metadata parquet (no
+            // images) beside each tar: a directory with tars is read as tars.
+            let ending = |suffix: &'static str| {
+                move |n: &str| !n.starts_with('.') && n.to_ascii_lowercase().ends_with(suffix)
+            };
+            let mut matches = list_dir(input, ending(".tar"))?;
+            if matches.is_empty() {
+                matches = list_dir(input, ending(".parquet"))?;
+            }
             if matches.is_empty() {
                 return Err(invalid(format!(
-                    "{}: directory has no *.parquet files",
+                    "{}: directory has no *.parquet or *.tar files",
                     input.display()
                 )));
             }
@@ -220,7 +263,7 @@ fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
             out.push(input.clone());
         } else {
             return Err(invalid(format!(
-                "{}: no such file or directory; expected a parquet file, a directory of them or a glob",
+                "{}: no such file or directory; expected a parquet file or tar shard, a directory of them or a glob",
                 input.display()
             )));
         }
@@ -315,6 +358,7 @@ fn read_footer(path: &Path) -> Result<InputFile> {
         path: path.to_path_buf(),
         num_rows: num_rows as usize,
         schema: reader.schema().clone(),
+        format: FileFormat::Parquet,
     })
 }
 
@@ -397,6 +441,8 @@ struct PairIter<'a> {
     batch_rows: usize,
     file: usize,
     stream: Option<(Arc<FileReader>, RowGroupStream)>,
+    /// The samples of the current file when it is a tar shard.
+    tar: Option<PairBatches>,
     lost: Option<Lost>,
     done: bool,
 }
@@ -411,6 +457,20 @@ impl PairIter<'_> {
                 return Ok(None);
             }
             let path = &self.set.files[self.file].path;
+            if let FileFormat::Webdataset(layout) = &self.set.files[self.file].format {
+                if self.tar.is_none() {
+                    self.tar = Some(PairBatches::open(self.set, self.file, layout)?);
+                }
+                match self.tar.as_mut().map(|t| t.next_batch(self.batch_rows)) {
+                    Some(Ok(Some(rows))) => return Ok(Some(rows)),
+                    Some(Err(e)) => return Err(e),
+                    Some(Ok(None)) | None => {
+                        self.tar = None;
+                        self.file += 1;
+                    }
+                }
+                continue;
+            }
             if self.stream.is_none() {
                 let cols = pair_columns(&self.set.columns);
                 let reader = Arc::new(FileReader::open(path)?);

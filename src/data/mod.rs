@@ -1,6 +1,6 @@
-//! Parquet in and out: finding the image, caption and key columns of a user's
-//! shards, streaming image–caption pairs, and writing labels and filtered
-//! datasets atomically.
+//! Parquet and webdataset tar in, parquet and tar out: finding the image,
+//! caption and key columns (or members) of a user's shards, streaming
+//! image–caption pairs, and writing labels and filtered datasets atomically.
 //!
 //! Nothing here knows about models: images leave this module as raw bytes,
 //! paths or precomputed embeddings, and decoding them is the encoders' job.
@@ -11,6 +11,7 @@ mod input;
 mod labels;
 mod read;
 mod rows;
+mod webdataset;
 mod write;
 
 #[cfg(test)]
@@ -22,9 +23,13 @@ use crate::images::ImageLimits;
 
 pub use columns::{image_columns, resolve_columns};
 pub(crate) use filter::check_same_schema;
-pub use filter::{write_filtered, FilterSummary};
+pub use filter::{write_filtered, write_filtered_as, FilterSummary, OutputFormat};
 pub use labels::{read_labels, write_labels, LabelRow, RowStatus};
 pub(crate) use rows::{bytes_at, plain, string_at};
+pub use webdataset::{
+    schema as tar_schema, write_filtered_tar, write_filtered_tar_shard, CaptionFrom, KeyFrom,
+    TarLayout, MAX_TEXT_MEMBER_BYTES,
+};
 pub use write::{write_atomic, AtomicParquetWriter};
 
 /// Column-layout presets for common dataset formats.
@@ -65,8 +70,29 @@ pub struct ColumnOptions {
     /// Directory that relative image paths are resolved against (default:
     /// the directory of the parquet file that holds the path).
     pub image_root: Option<PathBuf>,
-    /// Which image paths are read, and how large an image may be.
+    /// Which image paths are read, and how large an image may be (for tar
+    /// shards: how large an image member may be).
     pub image_limits: ImageLimits,
+    /// Where a tar sample's caption comes from (`--caption-from`; tar
+    /// shards only, default `txt`).
+    #[serde(default)]
+    pub caption_from: Option<CaptionFrom>,
+    /// Where a tar sample's key comes from (`--key-from`; tar shards only,
+    /// default the member name).
+    #[serde(default)]
+    pub key_from: Option<KeyFrom>,
+}
+
+/// How an input file stores its pairs.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileFormat {
+    /// A parquet file; its columns are the set's [`ColumnMap`].
+    Parquet,
+    /// A webdataset tar shard (`KEY.jpg` + `KEY.txt` [+ `KEY.json`] per
+    /// sample), seen as a table of key, image, caption and json, its
+    /// members mapped by the layout.
+    Webdataset(TarLayout),
 }
 
 /// How the image is stored.
@@ -104,10 +130,13 @@ pub struct InputFile {
     /// The path as expanded from the user's input (not canonicalised, so
     /// labels show what the user typed).
     pub path: PathBuf,
-    /// Rows according to the footer.
+    /// Rows according to the footer (parquet), or samples according to a
+    /// scan of the headers (tar).
     pub num_rows: usize,
-    /// Arrow schema of the whole file.
+    /// Arrow schema of the whole file (of a tar shard seen as a table).
     pub schema: arrow_schema::SchemaRef,
+    /// How the file stores its pairs.
+    pub format: FileFormat,
 }
 
 /// A validated set of input files sharing one column map.

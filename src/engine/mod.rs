@@ -45,6 +45,7 @@ pub(crate) fn test_input(rows: &[usize]) -> InputSet {
             },
             num_rows: n,
             schema: std::sync::Arc::new(arrow_schema::Schema::empty()),
+            format: crate::data::FileFormat::Parquet,
         })
         .collect();
     InputSet {

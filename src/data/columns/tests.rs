@@ -118,8 +118,7 @@ fn explicit_flags_win() {
         caption_col: Some("alt".into()),
         key_col: Some("row".into()),
         preset: Some(Preset::Img2dataset),
-        image_root: None,
-        image_limits: Default::default(),
+        ..Default::default()
     };
     let m = resolve(&s, &opts).unwrap();
     assert_eq!(m.image, "other_img");

@@ -1,0 +1,585 @@
+//! Webdataset tar shards, as img2dataset (`--output_format webdataset`) and
+//! webdataset's `TarWriter` write them: per sample `KEY.jpg` (or `.jpeg`,
+//! `.png`, `.webp`), `KEY.txt` with the caption and optionally `KEY.json`
+//! with its metadata (`key`, `url`, sizes...).
+//!
+//! Shards are read straight from the tar, never extracted: a header scan
+//! counts the samples when the input is opened, and [`SampleStream`] reads
+//! the members a sample needs as the tar comes, a window of samples at a
+//! time (see [`group`]). Every sample becomes one row; a sample that cannot
+//! be used (an image member over `--max-image-bytes`, no caption, a member
+//! cut short by a truncated tar) becomes a row with a problem, never an
+//! error, and a damaged tar keeps every sample before the damage.
+//!
+//! Seen as a table, a shard has the columns of [`schema`]: that is what
+//! `ncclean filter --format parquet` writes and what `corrupt` reads.
+
+mod group;
+mod tar;
+mod write;
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, BinaryArray, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+
+use self::group::{split_name, Grouper, Sample, WINDOW};
+use self::tar::{Entry, Member, TarReader};
+use super::PairRow;
+use super::{ColumnMap, ColumnOptions, FileFormat, ImageKind, ImageValue, InputFile, InputSet};
+use crate::error::{invalid, Error, Result};
+use crate::images::human_bytes;
+
+pub(crate) use write::write_filtered_parquet;
+pub use write::{write_filtered_tar, write_filtered_tar_shard};
+
+/// Largest caption (`.txt`) or metadata (`.json`) member read: captions are
+/// sentences and metadata a few fields, so anything larger is not one.
+pub const MAX_TEXT_MEMBER_BYTES: u64 = 1 << 20;
+/// Image member extensions, in the order webdataset tools name them.
+const IMAGE_EXTENSIONS: &[&str] = &["jpg", "jpeg", "png", "webp"];
+
+/// Where a sample's caption comes from (`--caption-from`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaptionFrom {
+    /// The `KEY.txt` member.
+    #[default]
+    Txt,
+    /// A string field of the `KEY.json` member.
+    Json(String),
+}
+
+/// Where a sample's key comes from (`--key-from`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyFrom {
+    /// The member name up to the first dot of its file name.
+    #[default]
+    Name,
+    /// A string or number field of the `KEY.json` member; samples without it
+    /// keep their member name.
+    Json(String),
+}
+
+/// `txt` or `json:FIELD`.
+impl std::str::FromStr for CaptionFrom {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match json_field(s) {
+            Some(f) => Ok(CaptionFrom::Json(f)),
+            None if s == "txt" => Ok(CaptionFrom::Txt),
+            None => Err(format!(
+                "expected txt or json:FIELD (e.g. json:caption), got {s:?}"
+            )),
+        }
+    }
+}
+
+/// `name` or `json:FIELD`.
+impl std::str::FromStr for KeyFrom {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match json_field(s) {
+            Some(f) => Ok(KeyFrom::Json(f)),
+            None if s == "name" => Ok(KeyFrom::Name),
+            None => Err(format!(
+                "expected name or json:FIELD (e.g. json:key), got {s:?}"
+            )),
+        }
+    }
+}
+
+fn json_field(s: &str) -> Option<String> {
+    s.strip_prefix("json:")
+        .filter(|f| !f.is_empty())
+        .map(str::to_string)
+}
+
+impl std::fmt::Display for CaptionFrom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CaptionFrom::Txt => write!(f, "the KEY.txt member"),
+            CaptionFrom::Json(field) => write!(f, "field \"{field}\" of the KEY.json member"),
+        }
+    }
+}
+
+impl std::fmt::Display for KeyFrom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyFrom::Name => write!(f, "the member name (KEY of KEY.jpg)"),
+            KeyFrom::Json(field) => write!(
+                f,
+                "field \"{field}\" of the KEY.json member, else the member name"
+            ),
+        }
+    }
+}
+
+/// How the members of a shard's samples map to an image–caption pair.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TarLayout {
+    /// Where the caption comes from.
+    pub caption: CaptionFrom,
+    /// Where the key comes from.
+    pub key: KeyFrom,
+}
+
+/// Whether `path` names a tar shard (by its `.tar` extension).
+pub(crate) fn is_tar(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("tar"))
+}
+
+/// The columns a shard has when seen as a table: the sample key, the image
+/// member's bytes, the caption and the raw `.json` metadata.
+pub fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("key", DataType::Utf8, false),
+        Field::new("image", DataType::Binary, true),
+        Field::new("caption", DataType::Utf8, true),
+        Field::new("json", DataType::Utf8, true),
+    ]))
+}
+
+/// The column map of [`schema`].
+fn column_map() -> ColumnMap {
+    ColumnMap {
+        image: "image".into(),
+        image_kind: ImageKind::Bytes,
+        caption: "caption".into(),
+        key: Some("key".into()),
+    }
+}
+
+/// Open tar shards as an [`InputSet`]: one header scan per shard counts its
+/// samples. Column flags meant for parquet are refused, so that a user who
+/// passes them learns they do nothing here.
+pub(crate) fn open_set(paths: Vec<PathBuf>, opts: &ColumnOptions) -> Result<InputSet> {
+    for (flag, given) in [
+        ("--image-col", opts.image_col.is_some()),
+        ("--caption-col", opts.caption_col.is_some()),
+        ("--key-col", opts.key_col.is_some()),
+        ("--preset", opts.preset.is_some()),
+        ("--image-root", opts.image_root.is_some()),
+    ] {
+        if given {
+            return Err(Error::Usage(format!(
+                "{flag} applies to parquet inputs; for tar shards use --caption-from txt|json:FIELD and --key-from name|json:FIELD"
+            )));
+        }
+    }
+    let layout = TarLayout {
+        caption: opts.caption_from.clone().unwrap_or_default(),
+        key: opts.key_from.clone().unwrap_or_default(),
+    };
+    let mut files = Vec::with_capacity(paths.len());
+    for path in paths {
+        let num_rows = count_samples(&path)?;
+        files.push(InputFile {
+            path,
+            num_rows,
+            schema: schema(),
+            format: FileFormat::Webdataset(layout.clone()),
+        });
+    }
+    Ok(InputSet {
+        files,
+        columns: column_map(),
+        image_root: None,
+        image_limits: opts.image_limits,
+        embedding_dim: None,
+        fingerprint: Default::default(),
+    })
+}
+
+/// Samples in the shard at `path`, from its headers alone. A shard with
+/// none (not a tar, or no member named like a sample) is invalid input.
+pub(crate) fn count_samples(path: &Path) -> Result<usize> {
+    let mut reader = TarReader::open(path)?;
+    let mut grouper: Grouper<()> = Grouper::default();
+    let mut damage = None;
+    while let Some(entry) = reader.next_entry()? {
+        match entry {
+            Entry::File(m) => {
+                if let Some((key, ext)) = split_name(&m.name) {
+                    grouper.push(key, ext, &m.name, ());
+                }
+            }
+            Entry::Other { .. } => {}
+            Entry::Damaged(why) => damage = Some(why),
+        }
+    }
+    if grouper.samples() == 0 {
+        return Err(invalid(match damage {
+            Some(why) => format!(
+                "{}: not a readable tar shard ({why}); expected a webdataset tar with KEY.jpg and KEY.txt members",
+                path.display()
+            ),
+            None => format!(
+                "{}: holds no samples; expected a webdataset tar with KEY.jpg and KEY.txt members",
+                path.display()
+            ),
+        }));
+    }
+    Ok(grouper.samples())
+}
+
+/// A member's data as read for a sample: `None` for members the layout
+/// does not need (not read), else the bytes or why they could not be used.
+type Payload = Option<std::result::Result<Vec<u8>, String>>;
+
+/// One sample as read from a shard.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TarSample {
+    /// Index of the sample in its shard.
+    pub index: usize,
+    /// The key, as [`TarLayout::key`] says.
+    pub key: String,
+    /// The image member's bytes, when usable.
+    pub image: Option<Vec<u8>>,
+    /// The caption, when there is one.
+    pub caption: Option<String>,
+    /// The `.json` member's text, when there is one in UTF-8.
+    pub json: Option<String>,
+    /// Why the sample cannot be used, in words for the user.
+    pub problem: Option<String>,
+}
+
+impl TarSample {
+    /// The sample as a row of file `file` of an input set.
+    pub(crate) fn into_pair(self, file: usize) -> PairRow {
+        PairRow {
+            source_file: file,
+            source_row: self.index,
+            key: self.key,
+            image: self.image.map(ImageValue::Bytes),
+            caption: self.caption.unwrap_or_default(),
+            problem: self.problem,
+        }
+    }
+}
+
+/// The samples of one shard, in order, read as the tar comes.
+pub(crate) struct SampleStream {
+    reader: TarReader,
+    path: PathBuf,
+    layout: TarLayout,
+    max_image_bytes: u64,
+    grouper: Grouper<Payload>,
+    ready: VecDeque<Sample<Payload>>,
+    /// Why the tar could not be read to its end, once that is known.
+    damage: Option<String>,
+    finished: bool,
+}
+
+impl SampleStream {
+    /// Start reading the shard at `path`; image members larger than
+    /// `max_image_bytes` are not read (their sample gets a problem).
+    pub fn open(path: &Path, layout: &TarLayout, max_image_bytes: u64) -> Result<SampleStream> {
+        Ok(SampleStream {
+            reader: TarReader::open(path)?,
+            path: path.to_path_buf(),
+            layout: layout.clone(),
+            max_image_bytes,
+            grouper: Grouper::default(),
+            ready: VecDeque::new(),
+            damage: None,
+            finished: false,
+        })
+    }
+
+    /// The next sample, or `None` at the end of the shard.
+    pub fn next_sample(&mut self) -> Result<Option<TarSample>> {
+        loop {
+            if let Some(s) = self.ready.pop_front() {
+                return Ok(Some(self.finish_sample(s)));
+            }
+            if self.finished {
+                return Ok(None);
+            }
+            match self.reader.next_entry()? {
+                None => {
+                    self.finished = true;
+                    self.ready.extend(self.grouper.drain());
+                }
+                Some(Entry::Damaged(why)) => {
+                    crate::progress::warn_once(&format!(
+                        "{}: {why}; the samples before it are read, the rest of the file is not",
+                        self.path.display()
+                    ));
+                    self.damage = Some(why);
+                }
+                Some(Entry::Other { .. }) => {}
+                Some(Entry::File(m)) => {
+                    let Some((key, ext)) = split_name(&m.name) else {
+                        continue;
+                    };
+                    if let Some(have) = m.truncated {
+                        let why = format!(
+                            "the file ends inside member {} after {have} of its {} bytes (a truncated tar)",
+                            m.name, m.size
+                        );
+                        crate::progress::warn_once(&format!(
+                            "{}: {why}; the samples before it are read",
+                            self.path.display()
+                        ));
+                        self.damage = Some(why);
+                    }
+                    let payload = self.payload(&m, key, &ext)?;
+                    let (_, closed) = self.grouper.push(key, ext, &m.name, payload);
+                    self.ready.extend(closed);
+                }
+            }
+        }
+    }
+
+    /// Read `m` if its sample needs it and it is within bounds.
+    fn payload(&mut self, m: &Member, key: &str, ext: &str) -> Result<Payload> {
+        let has = |want: &dyn Fn(&str) -> bool| {
+            self.grouper
+                .open_sample(key)
+                .is_some_and(|s| s.members.iter().any(|(e, _, p)| want(e) && p.is_some()))
+        };
+        let is_image = |e: &str| IMAGE_EXTENSIONS.contains(&e);
+        let (limit, over) = if is_image(ext) && !has(&is_image) {
+            (
+                self.max_image_bytes,
+                format!("--max-image-bytes ({})", human_bytes(self.max_image_bytes)),
+            )
+        } else if (ext == "txt" && self.layout.caption == CaptionFrom::Txt && !has(&|e| e == "txt"))
+            // The metadata is always read: parquet output carries it.
+            || (ext == "json" && !has(&|e| e == "json"))
+        {
+            (
+                MAX_TEXT_MEMBER_BYTES,
+                format!(
+                    "the {} limit for caption and metadata members",
+                    human_bytes(MAX_TEXT_MEMBER_BYTES)
+                ),
+            )
+        } else {
+            return Ok(None);
+        };
+        if let Some(have) = m.truncated {
+            return Ok(Some(Err(format!(
+                "member {} is cut short: the file ends after {have} of its {} bytes (a truncated tar)",
+                m.name, m.size
+            ))));
+        }
+        if m.size > limit {
+            return Ok(Some(Err(format!(
+                "member {} is {}, over {over}",
+                m.name,
+                human_bytes(m.size)
+            ))));
+        }
+        Ok(Some(Ok(self.reader.read_data(m)?)))
+    }
+
+    /// Turn a closed sample into its row's values and problems.
+    fn finish_sample(&self, s: Sample<Payload>) -> TarSample {
+        let member = |want: &dyn Fn(&str) -> bool| {
+            s.members
+                .iter()
+                .find(|(e, _, p)| want(e) && p.is_some())
+                .and_then(|(_, name, p)| p.as_ref().map(|p| (name.as_str(), p)))
+        };
+        let mut problems: Vec<String> = Vec::new();
+
+        let image = match member(&|e| IMAGE_EXTENSIONS.contains(&e)) {
+            None => {
+                problems.push(format!(
+                    "no image member ({}.jpg, .jpeg, .png or .webp)",
+                    s.key
+                ));
+                None
+            }
+            Some((_, Err(e))) => {
+                problems.push(e.clone());
+                None
+            }
+            Some((name, Ok(b))) if b.is_empty() => {
+                problems.push(format!("image member {name} is empty"));
+                None
+            }
+            Some((_, Ok(b))) => Some(b.clone()),
+        };
+
+        let json_member = member(&|e| e == "json");
+        let json_text = match json_member {
+            Some((_, Ok(b))) => std::str::from_utf8(b).ok().map(str::to_string),
+            _ => None,
+        };
+        let parsed: Option<std::result::Result<serde_json::Value, String>> =
+            json_member.map(|(name, p)| match p {
+                Err(e) => Err(e.clone()),
+                Ok(b) => serde_json::from_slice(b)
+                    .map_err(|e| format!("metadata member {name} is not valid JSON ({e})")),
+            });
+
+        let caption = match &self.layout.caption {
+            CaptionFrom::Txt => match member(&|e| e == "txt") {
+                None => {
+                    problems.push(format!("no caption member ({}.txt)", s.key));
+                    None
+                }
+                Some((_, Err(e))) => {
+                    problems.push(e.clone());
+                    None
+                }
+                Some((name, Ok(b))) => match std::str::from_utf8(b) {
+                    Ok(c) => Some(c.to_string()),
+                    Err(_) => {
+                        problems.push(format!("caption member {name} is not valid UTF-8"));
+                        None
+                    }
+                },
+            },
+            CaptionFrom::Json(field) => match &parsed {
+                None => {
+                    problems.push(format!(
+                        "no metadata member ({}.json) to take the caption from",
+                        s.key
+                    ));
+                    None
+                }
+                Some(Err(e)) => {
+                    problems.push(e.clone());
+                    None
+                }
+                Some(Ok(v)) => match v.get(field).and_then(|c| c.as_str()) {
+                    Some(c) => Some(c.to_string()),
+                    None => {
+                        problems.push(format!(
+                            "metadata member {}.json has no string field \"{field}\"",
+                            s.key
+                        ));
+                        None
+                    }
+                },
+            },
+        };
+        if caption.as_deref().is_some_and(|c| c.trim().is_empty()) {
+            problems.push("caption is empty".into());
+        }
+
+        let key = match (&self.layout.key, &parsed) {
+            (KeyFrom::Json(field), Some(Ok(v))) => match v.get(field) {
+                Some(serde_json::Value::String(k)) => k.clone(),
+                Some(serde_json::Value::Number(n)) => n.to_string(),
+                _ => s.key.clone(),
+            },
+            _ => s.key.clone(),
+        };
+
+        if !problems.is_empty() {
+            if s.scattered {
+                problems.push(format!(
+                    "members keyed {} appear again more than {WINDOW} samples after the first ones; ncclean reads samples whose members lie together, as img2dataset and webdataset write them",
+                    s.key
+                ));
+            }
+            if let Some(d) = &self.damage {
+                problems.push(format!("the shard is damaged after this sample: {d}"));
+            }
+        }
+        TarSample {
+            index: s.index,
+            key,
+            image,
+            caption,
+            json: json_text,
+            problem: (!problems.is_empty()).then(|| problems.join("; ")),
+        }
+    }
+}
+
+/// Pairs of one shard, `batch_rows` at a time.
+pub(crate) struct PairBatches {
+    stream: SampleStream,
+    file: usize,
+}
+
+impl PairBatches {
+    /// Start on file `file` of `set`, which must be a tar shard.
+    pub fn open(set: &InputSet, file: usize, layout: &TarLayout) -> Result<PairBatches> {
+        let path = &set.files[file].path;
+        Ok(PairBatches {
+            stream: SampleStream::open(path, layout, set.image_limits.max_bytes)?,
+            file,
+        })
+    }
+
+    /// The next at most `n` pairs; `None` at the end of the shard.
+    pub fn next_batch(&mut self, n: usize) -> Result<Option<Vec<PairRow>>> {
+        let mut rows = Vec::new();
+        while rows.len() < n.max(1) {
+            crate::interrupt::check()?;
+            match self.stream.next_sample()? {
+                Some(s) => rows.push(s.into_pair(self.file)),
+                None => break,
+            }
+        }
+        Ok((!rows.is_empty()).then_some(rows))
+    }
+}
+
+/// The samples of `shard` as record batches of [`schema`], `batch_rows` at a
+/// time, with the sample index of each batch's first row. Unusable samples
+/// come out with a null image or caption.
+pub(crate) fn record_batches(
+    path: &Path,
+    layout: &TarLayout,
+    max_image_bytes: u64,
+    batch_rows: usize,
+) -> Result<impl Iterator<Item = Result<(RecordBatch, Vec<usize>)>>> {
+    let mut stream = SampleStream::open(path, layout, max_image_bytes)?;
+    let mut done = false;
+    Ok(std::iter::from_fn(move || {
+        if done {
+            return None;
+        }
+        let mut samples = Vec::new();
+        while samples.len() < batch_rows.max(1) {
+            match stream.next_sample() {
+                Ok(Some(s)) => samples.push(s),
+                Ok(None) => {
+                    done = true;
+                    break;
+                }
+                Err(e) => {
+                    done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+        if samples.is_empty() {
+            return None;
+        }
+        let index = samples.iter().map(|s| s.index).collect();
+        Some(samples_batch(&samples).map(|b| (b, index)))
+    }))
+}
+
+/// Samples as one batch of [`schema`].
+fn samples_batch(samples: &[TarSample]) -> Result<RecordBatch> {
+    let key = StringArray::from_iter_values(samples.iter().map(|s| s.key.as_str()));
+    let image: BinaryArray = samples.iter().map(|s| s.image.as_deref()).collect();
+    let caption: StringArray = samples.iter().map(|s| s.caption.as_deref()).collect();
+    let json: StringArray = samples.iter().map(|s| s.json.as_deref()).collect();
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(key),
+        Arc::new(image),
+        Arc::new(caption),
+        Arc::new(json),
+    ];
+    RecordBatch::try_new(schema(), columns)
+        .map_err(|e| anyhow::anyhow!("building a batch of tar samples: {e}").into())
+}
+
+#[cfg(test)]
+mod tests;

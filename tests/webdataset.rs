@@ -1,0 +1,311 @@
+//! Webdataset tar shards end to end: `fit`, `score`, `filter` and `inspect`
+//! read them exactly as the same pairs in parquet, unusable members become
+//! skipped rows with their reason, and filtered shards hold the clean
+//! samples' members byte for byte. The shards are written in each test with
+//! the `tar` crate from `ncclean demo` pairs, as img2dataset lays them out.
+
+mod common;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use common::{demo, ncclean, ok, p, quick_fit};
+use ncclean::data::{read_labels, LabelRow, RowStatus};
+use ncclean::demo::{generate, DemoOptions};
+
+/// A member: its name and bytes.
+type Member = (String, Vec<u8>);
+
+/// Samples of the demo pairs `range` as img2dataset writes them: image,
+/// caption, metadata; `edit` may change or drop members.
+fn demo_members(
+    range: std::ops::Range<usize>,
+    edit: impl Fn(usize, Member) -> Option<Member>,
+) -> Vec<Member> {
+    let pairs = generate(&DemoOptions {
+        pairs: range.end,
+        ..Default::default()
+    });
+    let mut out = Vec::new();
+    for (i, pair) in pairs.into_iter().enumerate().skip(range.start) {
+        let json =
+            serde_json::json!({ "key": pair.key, "url": format!("https://example.com/{i}.png") });
+        for m in [
+            (format!("{}.png", pair.key), pair.image),
+            (format!("{}.txt", pair.key), pair.caption.into_bytes()),
+            (format!("{}.json", pair.key), json.to_string().into_bytes()),
+        ] {
+            out.extend(edit(i, m));
+        }
+    }
+    out
+}
+
+fn write_tar(path: &Path, members: &[Member]) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut b = tar::Builder::new(std::fs::File::create(path).unwrap());
+    for (name, data) in members {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(1_700_000_000);
+        b.append_data(&mut h, name, data.as_slice()).unwrap();
+    }
+    b.into_inner().unwrap();
+}
+
+/// Every whole member of a tar, read with the `tar` crate (up to where a
+/// truncated tar ends).
+fn members_of(path: &Path) -> Vec<Member> {
+    let mut a = tar::Archive::new(std::fs::File::open(path).unwrap());
+    a.entries()
+        .unwrap()
+        .map_while(Result::ok)
+        .filter_map(|mut e| {
+            let name = e.path().unwrap().to_string_lossy().into_owned();
+            let mut data = Vec::new();
+            e.read_to_end(&mut data).unwrap();
+            (data.len() as u64 == e.size()).then_some((name, data))
+        })
+        .collect()
+}
+
+fn labels(path: &Path) -> Vec<LabelRow> {
+    read_labels(path).unwrap().0
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The members of the samples whose labels are clean, in shard order.
+fn clean_members(shards: &[PathBuf], labels: &[LabelRow]) -> Vec<Member> {
+    let mut want = Vec::new();
+    for shard in shards {
+        let name = shard.display().to_string();
+        for m in members_of(shard) {
+            let key = m.0.split('.').next().unwrap().to_string();
+            if labels
+                .iter()
+                .any(|l| l.source_file == name && l.key == key && l.is_clean)
+            {
+                want.push(m);
+            }
+        }
+    }
+    want
+}
+
+#[test]
+fn tar_shards_are_labelled_and_filtered_like_the_same_pairs_in_parquet() {
+    let tmp = tempfile::tempdir().unwrap();
+    let parquet = demo(&tmp.path().join("pq"), 120);
+    let shards = [
+        tmp.path().join("shards/00000.tar"),
+        tmp.path().join("shards/00001.tar"),
+    ];
+    write_tar(&shards[0], &demo_members(0..70, |_, m| Some(m)));
+    write_tar(&shards[1], &demo_members(70..120, |_, m| Some(m)));
+    let glob = tmp.path().join("shards/*.tar");
+
+    let v: serde_json::Value = serde_json::from_str(&ok(&["inspect", p(&glob), "--json"])).unwrap();
+    assert_eq!(
+        (v["rows"].clone(), v["unusable"].clone()),
+        (120.into(), 0.into()),
+        "{v}"
+    );
+    assert_eq!(v["files"][1]["rows"], 50);
+
+    let run_pq = tmp.path().join("run-pq");
+    let run_tar = tmp.path().join("run-tar");
+    let out = quick_fit(&parquet, &run_pq, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = quick_fit(&glob, &run_tar, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let from_pq = labels(&run_pq.join("labels.parquet"));
+    let from_tar = labels(&run_tar.join("labels.parquet"));
+
+    // Same pairs, same labels; keys are the member keys, rows the samples.
+    assert_eq!(from_tar.len(), 120);
+    for (i, (a, b)) in from_pq.iter().zip(&from_tar).enumerate() {
+        assert_eq!(a.key, b.key);
+        assert_eq!(
+            (a.clean_prob, a.is_clean),
+            (b.clean_prob, b.is_clean),
+            "row {i}"
+        );
+        let (shard, row) = if i < 70 { (0, i) } else { (1, i - 70) };
+        assert_eq!(b.source_file, shards[shard].display().to_string());
+        assert_eq!(b.source_row, row as u64);
+    }
+    assert!(from_tar.iter().any(|l| l.is_clean) && from_tar.iter().any(|l| !l.is_clean));
+
+    // score reproduces fit's labels; --filtered FILE.tar holds the clean
+    // samples' members, byte for byte.
+    let scored = tmp.path().join("scored.parquet");
+    let kept = tmp.path().join("kept.tar");
+    ok(&[
+        "score",
+        p(&glob),
+        "--checkpoint",
+        p(&run_tar),
+        "--out",
+        p(&scored),
+        "--filtered",
+        p(&kept),
+    ]);
+    assert_eq!(labels(&scored), from_tar);
+    let want = clean_members(&shards, &from_tar);
+    assert_eq!(
+        want.len(),
+        3 * from_tar.iter().filter(|l| l.is_clean).count()
+    );
+    assert_eq!(members_of(&kept), want);
+
+    // filter: tar by default for tar input, parquet when asked.
+    let filtered = tmp.path().join("filtered");
+    ok(&[
+        "filter",
+        p(&glob),
+        "--labels",
+        p(&scored),
+        "--out",
+        p(&filtered),
+    ]);
+    assert_eq!(members_of(&filtered), want);
+    let as_parquet = tmp.path().join("filtered-pq");
+    let out = ok(&[
+        "filter",
+        p(&glob),
+        "--labels",
+        p(&scored),
+        "--out",
+        p(&as_parquet),
+        "--format",
+        "parquet",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["rows_out"], want.len() / 3);
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", p(&as_parquet), "--json", "--no-decode"])).unwrap();
+    assert_eq!(v["rows"], want.len() / 3);
+    assert_eq!(v["columns"]["image"], "image");
+
+    // corrupt reads the shards as the table of key, image, caption, json.
+    let noisy = tmp.path().join("noisy.parquet");
+    ok(&[
+        "corrupt",
+        p(&glob),
+        "--rate",
+        "0.3",
+        "--seed",
+        "1",
+        "--out",
+        p(&noisy),
+    ]);
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", p(&noisy), "--json", "--no-decode"])).unwrap();
+    assert_eq!(
+        (v["rows"].clone(), v["unusable"].clone()),
+        (120.into(), 0.into()),
+        "{v}"
+    );
+    assert!(v["schema"].to_string().contains("noisy: Boolean"), "{v}");
+
+    // A parquet input cannot be filtered to tar.
+    let out = ncclean(&[
+        "filter",
+        p(&parquet),
+        "--labels",
+        p(&run_pq.join("labels.parquet")),
+        "--out",
+        p(&tmp.path().join("x.tar")),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("tar output needs tar input"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn corrupt_members_and_a_truncated_shard_are_skipped_rows_with_reasons() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shards = [
+        tmp.path().join("shards/00000.tar"),
+        tmp.path().join("shards/00001.tar"),
+    ];
+    // Shard 0: sample 5's image does not decode, sample 9 has no caption.
+    write_tar(
+        &shards[0],
+        &demo_members(0..60, |i, (name, data)| match i {
+            5 if name.ends_with(".png") => Some((name, b"not an image".to_vec())),
+            9 if name.ends_with(".txt") => None,
+            _ => Some((name, data)),
+        }),
+    );
+    // Shard 1: cut inside the image of its 41st sample.
+    write_tar(&shards[1], &demo_members(60..120, |_, m| Some(m)));
+    let bytes = std::fs::read(&shards[1]).unwrap();
+    let at = bytes
+        .windows(15)
+        .position(|w| w == b"demo-000100.png")
+        .unwrap();
+    std::fs::write(&shards[1], &bytes[..at + 512 + 100]).unwrap();
+
+    let run = tmp.path().join("run");
+    let out = quick_fit(&tmp.path().join("shards"), &run, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the file ends inside member demo-000100.png after 100 of its"),
+        "{}",
+        stderr(&out)
+    );
+    let got = labels(&run.join("labels.parquet"));
+    assert_eq!(
+        got.len(),
+        60 + 41,
+        "every sample before the cut, and the cut one"
+    );
+    let skipped: Vec<(usize, &str)> = got
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.status == RowStatus::Skipped)
+        .map(|(i, l)| (i, l.error.as_deref().unwrap_or("")))
+        .collect();
+    assert_eq!(skipped.len(), 3, "{skipped:?}");
+    assert_eq!(skipped[0].0, 5);
+    assert!(skipped[0].1.contains("decode"), "{skipped:?}");
+    assert_eq!(skipped[1], (9, "no caption member (demo-000009.txt)"));
+    assert_eq!(skipped[2].0, 100);
+    assert!(
+        skipped[2]
+            .1
+            .starts_with("member demo-000100.png is cut short: the file ends after 100 of its"),
+        "{skipped:?}"
+    );
+    assert_eq!(got[100].key, "demo-000100");
+    assert_eq!(
+        (got[100].source_row, got[99].key.as_str()),
+        (40, "demo-000099")
+    );
+
+    // The filtered shard holds the clean samples only, skipped ones never.
+    let out_tar = tmp.path().join("clean.tar");
+    ok(&[
+        "filter",
+        p(&tmp.path().join("shards")),
+        "--labels",
+        p(&run.join("labels.parquet")),
+        "--out",
+        p(&out_tar),
+        "--format",
+        "tar",
+    ]);
+    let kept = members_of(&out_tar);
+    assert_eq!(kept, clean_members(&shards, &got));
+    assert!(!kept
+        .iter()
+        .any(|(n, _)| n.starts_with("demo-000005.") || n.starts_with("demo-000100.")));
+}
