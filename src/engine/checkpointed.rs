@@ -153,7 +153,12 @@ impl Engine {
         } else {
             let mut obs = rep.observer();
             self.pipeline
-                .score(&prepared.inputs, refit, &mut obs)
+                .score(
+                    &prepared.inputs,
+                    &prepared.shard_sizes(input.files.len()),
+                    refit,
+                    &mut obs,
+                )
                 .map_err(|e| match e {
                     ncclean_pipelines::Error::Runtime(e) => {
                         Error::Other(anyhow::Error::new(e).context("scoring failed"))
