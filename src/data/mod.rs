@@ -23,7 +23,8 @@ use crate::images::ImageLimits;
 pub use columns::{image_columns, resolve_columns};
 pub(crate) use filter::check_same_schema;
 pub use filter::{write_filtered, FilterSummary};
-pub use labels::{read_labels, write_labels, LabelRow, RowStatus};
+pub(crate) use input::expand_inputs;
+pub use labels::{read_labels, write_labels, LabelRow, LabelsWriter, RowStatus};
 pub use write::{write_atomic, AtomicParquetWriter};
 
 /// Column-layout presets for common dataset formats.
