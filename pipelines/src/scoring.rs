@@ -22,11 +22,14 @@ use crate::losses::per_sample_hinge;
 use crate::net::Net;
 use crate::runner::{Streams, EMBED_CHUNK};
 
-/// Pairs per scoring block (at least one batch): large enough that
-/// in-batch statistics see the same kind of batches as over a whole dataset,
-/// small enough that a shard's memory need not hold more than a block of
-/// batch statistics at a time.
-pub const SCORE_BLOCK_PAIRS: usize = 4096;
+/// Most pairs in one scoring block (or one batch, if larger). A file of up
+/// to this many pairs is one block, shuffled as a whole (as before blocks
+/// existed); a larger file is cut into balanced blocks of at least half
+/// this. Large, because batches drawn from a small block meet related pairs
+/// more often: Flickr8k's five captions per image sit in consecutive rows,
+/// and blocks of 4,096 cost vanilla 0.0008 detection AUROC (BENCHMARKS.md);
+/// bounded, so a very large file need not be one unit.
+pub const SCORE_BLOCK_PAIRS: usize = 65_536;
 
 /// One block: consecutive pairs `start..start + len`, the `index`-th block of
 /// its shard.
@@ -320,6 +323,8 @@ mod tests {
         let dev = Device::Cpu;
         let n1 = SCORE_BLOCK_PAIRS + 7;
         let n2 = 300;
+        // Two blocks in the first shard.
+        assert_eq!(ScoreBlocks::new(&[n1], 64).blocks().len(), 2);
         let mut r = Rng::new(3);
         let mut vals = |n: usize| -> Vec<f32> { (0..n * 4).map(|_| r.normal() as f32).collect() };
         let (a, b) = (vals(n1 + n2), vals(n1 + n2));
