@@ -752,7 +752,6 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "below the minimum")]
     fn embedding_pairs_depend_on_their_index_only() {
         let g = EmbeddingDemo::new(8, 3);
         let a = g.pair(5);
@@ -769,6 +768,7 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "below the minimum")]
     fn tiny_images_are_rejected() {
         generate(&DemoOptions {
             pairs: 1,

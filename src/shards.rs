@@ -328,7 +328,6 @@ pub fn prepare_out_dir(out_dir: &Path, shards: &[Shard]) -> Result<()> {
 /// marker matches, else remove the stale marker, let `work` write
 /// `OUT/<stem>.parquet` atomically, and write the marker. Stops at the first
 /// error (a scheduler retries the worker; done shards are kept).
-#[allow(clippy::too_many_arguments)]
 pub fn run(
     out_dir: &Path,
     shards: &[Shard],

@@ -33,7 +33,11 @@ fn shards_and_run(dir: &Path) -> (PathBuf, PathBuf) {
     ]);
     let run = dir.join("run");
     let out = quick_fit(&data, &run, &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     (data, run)
 }
 
@@ -83,7 +87,11 @@ fn worker(data: &Path, run: &Path, labels: &Path, index: usize) -> Command {
 }
 
 fn summary(out: &std::process::Output) -> serde_json::Value {
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("JSON summary on stdout")
 }
 
@@ -113,10 +121,16 @@ fn two_workers_one_killed_and_resumed_label_every_row_once_as_one_process_does()
         .step_by(2)
         .filter(|k| labels.join(format!("demo-{k:05}.done.json")).exists())
         .count();
-    assert!(done_before >= 1, "worker 0 finished no shard before the kill");
+    assert!(
+        done_before >= 1,
+        "worker 0 finished no shard before the kill"
+    );
     // Worker 1 runs to the end; then worker 0 is started again.
     let s1 = summary(&worker(&data, &run, &labels, 1).output().unwrap());
-    assert_eq!((s1["done"].as_u64(), s1["shards"].as_u64()), (Some(4), Some(4)));
+    assert_eq!(
+        (s1["done"].as_u64(), s1["shards"].as_u64()),
+        (Some(4), Some(4))
+    );
     let s0 = summary(&worker(&data, &run, &labels, 0).output().unwrap());
     println!("worker 0 had {done_before} of 4 shards done when killed");
     assert_eq!(s0["already_done"].as_u64(), Some(done_before as u64));
@@ -159,7 +173,10 @@ fn two_workers_one_killed_and_resumed_label_every_row_once_as_one_process_does()
         "--out-dir",
         p(&labels),
     ]));
-    assert_eq!((s["done"].as_u64(), s["already_done"].as_u64()), (Some(0), Some(8)));
+    assert_eq!(
+        (s["done"].as_u64(), s["already_done"].as_u64()),
+        (Some(0), Some(8))
+    );
     assert_eq!(s["rows"].as_u64(), Some((SHARDS * ROWS_PER_SHARD) as u64));
     std::fs::copy(
         data.join("demo-00001.parquet"),
@@ -174,7 +191,10 @@ fn two_workers_one_killed_and_resumed_label_every_row_once_as_one_process_does()
         "--out-dir",
         p(&labels),
     ]));
-    assert_eq!((s["done"].as_u64(), s["already_done"].as_u64()), (Some(1), Some(7)));
+    assert_eq!(
+        (s["done"].as_u64(), s["already_done"].as_u64()),
+        (Some(1), Some(7))
+    );
 }
 
 #[test]
@@ -197,10 +217,22 @@ fn filter_out_dir_writes_one_filtered_shard_per_input_and_the_same_rows_as_one_f
     let labels = tmp.path().join("labels");
     let clean = tmp.path().join("clean");
     summary(&ncclean(&[
-        "score", p(&data), "--checkpoint", p(&run), "--out-dir", p(&labels),
+        "score",
+        p(&data),
+        "--checkpoint",
+        p(&run),
+        "--out-dir",
+        p(&labels),
     ]));
     let filter = |labels: &Path, out: &[&str]| {
-        let mut args = vec!["filter", p(&data), "--labels", p(labels), "--keep-fraction", "0.6"];
+        let mut args = vec![
+            "filter",
+            p(&data),
+            "--labels",
+            p(labels),
+            "--keep-fraction",
+            "0.6",
+        ];
         args.extend_from_slice(out);
         summary(&ncclean(&args))
     };
@@ -221,8 +253,18 @@ fn filter_out_dir_writes_one_filtered_shard_per_input_and_the_same_rows_as_one_f
     assert_eq!(per_shard, rows_of(&one));
     assert_eq!(Some(per_shard as u64), s1["rows_out"].as_u64());
     // Same labels and rule: skipped; another rule: redone.
-    assert_eq!(filter(&labels, &["--out-dir", p(&clean)])["already_done"].as_u64(), Some(3));
-    let mut args = vec!["filter", p(&data), "--labels", p(&labels), "--min-prob", "0.2"];
+    assert_eq!(
+        filter(&labels, &["--out-dir", p(&clean)])["already_done"].as_u64(),
+        Some(3)
+    );
+    let mut args = vec![
+        "filter",
+        p(&data),
+        "--labels",
+        p(&labels),
+        "--min-prob",
+        "0.2",
+    ];
     args.extend_from_slice(&["--out-dir", p(&clean)]);
     assert_eq!(summary(&ncclean(&args))["done"].as_u64(), Some(3));
 }
@@ -232,7 +274,15 @@ fn work_splitting_flags_say_what_is_wrong() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     ok(&[
-        "demo", "--out", p(&data), "--pairs", "40", "--embedding-dim", "4", "--shards", "2",
+        "demo",
+        "--out",
+        p(&data),
+        "--pairs",
+        "40",
+        "--embedding-dim",
+        "4",
+        "--shards",
+        "2",
     ]);
     let run = tmp.path().join("run");
     assert!(quick_fit(&data, &run, &[]).status.success());
@@ -241,20 +291,46 @@ fn work_splitting_flags_say_what_is_wrong() {
         let mut args = vec!["score", "--checkpoint", p(&run)];
         args.extend_from_slice(extra);
         let o = ncclean(&args);
-        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
     };
-    let (code, err) = run_score(&[p(&data), "--out-dir", p(&out_dir), "--num-shards", "2", "--shard-index", "2"]);
+    let (code, err) = run_score(&[
+        p(&data),
+        "--out-dir",
+        p(&out_dir),
+        "--num-shards",
+        "2",
+        "--shard-index",
+        "2",
+    ]);
     assert_eq!(code, Some(2));
     assert!(err.contains("--shard-index 2 is out of range"), "{err}");
-    let (code, err) = run_score(&[p(&data), "--out", p(&tmp.path().join("x.parquet")), "--num-shards", "2"]);
+    let (code, err) = run_score(&[
+        p(&data),
+        "--out",
+        p(&tmp.path().join("x.parquet")),
+        "--num-shards",
+        "2",
+    ]);
     assert_eq!(code, Some(2));
     assert!(err.contains("need --out-dir"), "{err}");
-    let (code, err) = run_score(&["--out-dir", p(&out_dir), "--files-from", p(&tmp.path().join("none.txt"))]);
+    let (code, err) = run_score(&[
+        "--out-dir",
+        p(&out_dir),
+        "--files-from",
+        p(&tmp.path().join("none.txt")),
+    ]);
     assert_eq!(code, Some(3));
     assert!(err.contains("cannot open it"), "{err}");
     // --files-from alone (no DATA) names the shards.
     let list = tmp.path().join("list.txt");
-    std::fs::write(&list, format!("{}\n", data.join("demo-00001.parquet").display())).unwrap();
+    std::fs::write(
+        &list,
+        format!("{}\n", data.join("demo-00001.parquet").display()),
+    )
+    .unwrap();
     let (code, err) = run_score(&["--out-dir", p(&out_dir), "--files-from", p(&list)]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out_dir.join("demo-00001.done.json").is_file());
@@ -284,15 +360,32 @@ fn the_ray_driver_scores_every_shard_and_writes_a_summary() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     ok(&[
-        "demo", "--out", p(&data), "--pairs", "1600", "--embedding-dim", "8", "--shards", "8",
+        "demo",
+        "--out",
+        p(&data),
+        "--pairs",
+        "1600",
+        "--embedding-dim",
+        "8",
+        "--shards",
+        "8",
     ]);
     let out = tmp.path().join("out");
     let driver = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ray_score.py");
     let run_driver = || {
         let o = Command::new(&python)
             .arg(&driver)
-            .args(["--ncclean", env!("CARGO_BIN_EXE_ncclean"), "--num-cpus", "2"])
-            .args(["--fit-shards", "4", "--fit-args=--epochs 1 --warmup-epochs 1"])
+            .args([
+                "--ncclean",
+                env!("CARGO_BIN_EXE_ncclean"),
+                "--num-cpus",
+                "2",
+            ])
+            .args([
+                "--fit-shards",
+                "4",
+                "--fit-args=--epochs 1 --warmup-epochs 1",
+            ])
             .arg("--out")
             .arg(&out)
             .arg(&data)
@@ -311,10 +404,21 @@ fn the_ray_driver_scores_every_shard_and_writes_a_summary() {
     // The union of the driver's labels is what one process writes.
     let mut union = Vec::new();
     for k in 0..8 {
-        union.extend(read_labels(&out.join(format!("labels/demo-{k:05}.parquet"))).unwrap().0);
+        union.extend(
+            read_labels(&out.join(format!("labels/demo-{k:05}.parquet")))
+                .unwrap()
+                .0,
+        );
     }
     let one = tmp.path().join("one.parquet");
-    ok(&["score", p(&data), "--checkpoint", p(&out.join("run")), "--out", p(&one)]);
+    ok(&[
+        "score",
+        p(&data),
+        "--checkpoint",
+        p(&out.join("run")),
+        "--out",
+        p(&one),
+    ]);
     assert_eq!(union, read_labels(&one).unwrap().0);
     // Relaunched, it skips every completed shard.
     let s = run_driver();

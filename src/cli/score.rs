@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use clap::Args;
 
 use crate::data::{self, InputSet, LabelsWriter};
@@ -191,9 +192,16 @@ fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Res
     shards::prepare_out_dir(dir, &shards)?;
     let opts = a.data.options_with(&a.images);
     let cache = a.cache.options();
+    // The column options and image limits decide which rows are usable:
+    // changing them redoes the shards too.
     let source = format!(
-        "checkpoint sha256 {}",
-        crate::checkpoint::sha256(&engine.dir)?
+        "checkpoint sha256 {}; input options {}",
+        crate::checkpoint::sha256(&engine.dir)?,
+        &crate::hex::sha256_hex(
+            serde_json::to_string(&opts)
+                .context("serialising the input options")?
+                .as_bytes()
+        )[..16]
     );
     let summary = shards::run(
         dir,
