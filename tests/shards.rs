@@ -41,8 +41,12 @@ fn shards_and_run(dir: &Path) -> (PathBuf, PathBuf) {
     (data, run)
 }
 
+/// A label row with its floats as bits: key, file, row, clean_prob,
+/// soft_label, is_clean.
+type LabelBits = (String, String, u64, Option<u32>, Option<u32>, bool);
+
 /// Labels as comparable values: floats by their bits.
-fn rows(labels: &[LabelRow]) -> Vec<(String, String, u64, Option<u32>, Option<u32>, bool)> {
+fn rows(labels: &[LabelRow]) -> Vec<LabelBits> {
     labels
         .iter()
         .map(|l| {
