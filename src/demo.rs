@@ -145,6 +145,86 @@ pub fn generate(opts: &DemoOptions) -> Vec<DemoPair> {
         .collect()
 }
 
+/// One pair of the embedding demo: the attributes of [`DemoPair`], the
+/// image given as an embedding instead of pixels.
+#[derive(Debug, Clone)]
+pub struct EmbeddingPair {
+    /// Stable identifier, `demo-000000` upwards.
+    pub key: String,
+    /// The image embedding: the sum of its attributes' prototype vectors
+    /// plus Gaussian noise.
+    pub embedding: Vec<f32>,
+    /// A lower-case sentence naming all four attributes.
+    pub caption: String,
+    /// Colour of the shape.
+    pub colour: &'static str,
+    /// Kind of shape.
+    pub shape: &'static str,
+    /// Quadrant of the shape.
+    pub position: &'static str,
+    /// Size of the shape.
+    pub size: &'static str,
+}
+
+/// A generator of embedding pairs (scale tests: no pixels to draw or
+/// decode). Pair `i` depends on the seed and `i` only, so any slice of the
+/// dataset can be generated on its own, in any shard layout.
+#[derive(Debug, Clone)]
+pub struct EmbeddingDemo {
+    seed: u64,
+    dim: usize,
+    /// One prototype per attribute value: colours, shapes, positions, sizes.
+    prototypes: Vec<Vec<f32>>,
+}
+
+impl EmbeddingDemo {
+    /// Prototypes of width `dim` drawn from `seed`.
+    pub fn new(dim: usize, seed: u64) -> EmbeddingDemo {
+        let mut rng = Rng::derive(seed, "demo-embedding-prototypes");
+        let values = COLOURS.len() + SHAPES.len() + POSITIONS.len() + SIZES.len();
+        let prototypes = (0..values)
+            .map(|_| (0..dim).map(|_| rng.normal() as f32).collect())
+            .collect();
+        EmbeddingDemo {
+            seed,
+            dim,
+            prototypes,
+        }
+    }
+
+    /// Pair `i`.
+    pub fn pair(&self, i: usize) -> EmbeddingPair {
+        let mut rng = Rng::derive(self.seed, &format!("demo-embedding-{i}"));
+        let c = rng.below(COLOURS.len());
+        let s = rng.below(SHAPES.len());
+        let p = rng.below(POSITIONS.len());
+        let z = rng.below(SIZES.len());
+        let template = rng.below(TEMPLATES);
+        let offsets = [
+            c,
+            COLOURS.len() + s,
+            COLOURS.len() + SHAPES.len() + p,
+            COLOURS.len() + SHAPES.len() + POSITIONS.len() + z,
+        ];
+        let embedding = (0..self.dim)
+            .map(|d| {
+                let signal: f32 = offsets.iter().map(|&o| self.prototypes[o][d]).sum();
+                signal + 0.5 * rng.normal() as f32
+            })
+            .collect();
+        let (colour, shape, position, size) = (COLOURS[c], SHAPES[s], POSITIONS[p], SIZES[z]);
+        EmbeddingPair {
+            key: format!("demo-{i:06}"),
+            embedding,
+            caption: caption(template, colour, shape, position, size),
+            colour,
+            shape,
+            position,
+            size,
+        }
+    }
+}
+
 /// Draw one image (RGB) for given attributes; exposed for tests.
 ///
 /// The background is a random light pastel, the shape is filled with its
@@ -669,6 +749,22 @@ mod tests {
     #[should_panic(expected = "unknown demo colour")]
     fn unknown_colour_is_rejected() {
         draw("teal", "circle", "top left", "small", 32, &mut Rng::new(0));
+    }
+
+    #[test]
+    fn embedding_pairs_depend_on_their_index_only() {
+        let g = EmbeddingDemo::new(8, 3);
+        let a = g.pair(5);
+        let b = EmbeddingDemo::new(8, 3).pair(5);
+        assert_eq!(
+            (a.key.as_str(), &a.embedding),
+            (b.key.as_str(), &b.embedding)
+        );
+        assert_eq!(a.embedding.len(), 8);
+        assert_ne!(g.pair(6).embedding, a.embedding);
+        for word in [a.colour, a.shape, a.size] {
+            assert!(a.caption.contains(word), "{} lacks {word}", a.caption);
+        }
     }
 
     #[test]

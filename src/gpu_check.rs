@@ -540,7 +540,7 @@ fn training(opts: &CheckOptions, s: &Sizes, log: &dyn Fn(&str)) -> Result<Value>
             epochs.push(json!({ "phase": stats.phase, "seconds": secs, "loss": stats.loss }));
         }
         let t = Instant::now();
-        pipeline.finalize(&data, &mut obs)?;
+        pipeline.finalize(&data, &[data.len()], &mut obs)?;
         let final_division = seconds(t);
         let secs: Vec<f64> = epochs
             .iter()

@@ -69,7 +69,6 @@
 
 use candle_core::{Tensor, D};
 use ncclean_models::layers::log_softmax_last;
-use ncclean_models::rng::Rng;
 use ncclean_models::ModelConfig;
 use serde::{Deserialize, Serialize};
 
@@ -81,7 +80,7 @@ use crate::method::{pair_array, Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::params::{non_negative, positive, unit_interval};
 use crate::pipeline::PairScores;
 use crate::runner::{Streams, EMBED_CHUNK};
-use crate::scoring::{pair_similarity, shuffled_statistic, StatPass};
+use crate::scoring::{pair_similarity, shuffled_statistic, Shuffles, StatPass};
 
 /// Lower bound on `Σ_k tan(P_ik)` before its q-th power is taken. The sum is
 /// at least 1 in exact arithmetic (tan x ≥ x and the row sums to 1), so the
@@ -241,9 +240,9 @@ pub fn match_prob_statistic(
     batch: usize,
     shuffles: usize,
     tau: f64,
-    rng: &mut Rng,
+    order: Shuffles,
 ) -> candle_core::Result<Vec<f32>> {
-    shuffled_statistic(vi, vt, batch, shuffles, rng, |s| match_prob(s, tau))
+    shuffled_statistic(vi, vt, batch, shuffles, order, |s| match_prob(s, tau))
 }
 
 /// The CRCL method: its parameters, the momentum labels and the label rule
@@ -375,7 +374,7 @@ impl Method for Crcl {
             ctx.cfg.batch_size,
             ctx.cfg.division_shuffles,
             self.params.tau,
-            &mut ctx.streams.score(),
+            ctx.shuffles(),
         )?;
         Ok(StatPass {
             statistic,
@@ -430,6 +429,7 @@ mod tests {
     use crate::test_support::{close, s3};
     use candle_core::Device;
     use candle_core::Var;
+    use ncclean_models::rng::Rng;
     use ncclean_models::PairInputs;
 
     /// Hand-computed probabilities of `s3()` at τ = 0.1, in f64:
@@ -612,7 +612,7 @@ mod tests {
         let dev = Device::Cpu;
         let vi = Tensor::new(&[[1f32, 0.], [0., 1.], [-1., 0.], [0., -1.]], &dev)?;
         let vt = Tensor::new(&[[1f32, 0.], [0., 1.], [-1., 0.], [1., 0.]], &dev)?;
-        let p = match_prob_statistic(&vi, &vt, 4, 2, 0.05, &mut Rng::new(0))?;
+        let p = match_prob_statistic(&vi, &vt, 4, 2, 0.05, (&mut Rng::new(0)).into())?;
         let lowest = p.iter().cloned().fold(f32::MAX, f32::min);
         assert_eq!(lowest, p[3], "{p:?}");
         Ok(())
@@ -746,9 +746,9 @@ mod tests {
         assert!((method.lr_at(&cfg, 3) - 1e-3).abs() < 1e-12);
         assert!((method.lr_at(&cfg, 1) - 1e-2).abs() < 1e-12);
 
-        p.finalize(&data, &mut obs)?;
-        let a = p.score(&data, false, &mut obs)?;
-        let b = p.score(&data, false, &mut obs)?;
+        p.finalize(&data, &[data.len()], &mut obs)?;
+        let a = p.score(&data, &[data.len()], false, &mut obs)?;
+        let b = p.score(&data, &[data.len()], false, &mut obs)?;
         assert_eq!(a, b, "scoring is deterministic");
         assert_eq!(a.clean_prob.len(), n);
         for (&s, &p_i) in a.soft_label.iter().zip(&a.statistic) {
@@ -771,7 +771,7 @@ mod tests {
             }
         }
         assert_eq!(q.method_ref().labels(), p.method_ref().labels());
-        assert_eq!(q.score(&data, false, &mut obs)?, a);
+        assert_eq!(q.score(&data, &[data.len()], false, &mut obs)?, a);
         assert_eq!(q.state()["net_seeds"], p.state()["net_seeds"]);
         Ok(())
     }

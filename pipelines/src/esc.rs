@@ -80,7 +80,6 @@
 //!   `l_div` as above.
 
 use candle_core::Tensor;
-use ncclean_models::rng::Rng;
 use ncclean_models::{ModelConfig, PairInputs};
 use serde::{Deserialize, Serialize};
 
@@ -93,7 +92,7 @@ use crate::net::Net;
 use crate::params::{non_negative, unit_interval};
 use crate::pipeline::PairScores;
 use crate::runner::EMBED_CHUNK;
-use crate::scoring::{divide, for_each_shuffled_batch, mean_of, pair_similarity};
+use crate::scoring::{divide, for_each_shuffled_batch, mean_of, pair_similarity, Shuffles};
 /// Cosines at or below this carry no usable ratio (see the departures).
 const RATIO_EPS: f32 = 1e-6;
 
@@ -388,7 +387,7 @@ fn net_stats(
     data: &PairInputs,
     cfg: &TrainConfig,
     params: &EscParams,
-    rng: &mut Rng,
+    order: Shuffles,
 ) -> Result<EscPass> {
     let (vi, vt) = net.embed_all(data, EMBED_CHUNK)?;
     let n = vi.dim(0)?;
@@ -399,7 +398,7 @@ fn net_stats(
         raw_label: vec![0.0; n],
         similarity: pair_similarity(&vi, &vt)?,
     };
-    for_each_shuffled_batch(&vi, &vt, cfg.batch_size, shuffles, rng, |batch| {
+    for_each_shuffled_batch(&vi, &vt, cfg.batch_size, shuffles, order, |batch| {
         let b = batch.idx;
         let div = division_loss(&batch.s, cfg.margin, params.beta, params.alpha1)?;
         // BiCro compares pairs by their pooled tower features, not by the
@@ -431,7 +430,13 @@ impl Esc {
     /// Net `k`'s division of the training data, used to train the other net.
     fn plan_from(&self, k: usize, ctx: &EpochCtx) -> Result<NetPlan> {
         let mut rng = ctx.streams.division(ctx.epoch, k);
-        let st = net_stats(&ctx.nets[k], ctx.data, ctx.cfg, &self.params, &mut rng)?;
+        let st = net_stats(
+            &ctx.nets[k],
+            ctx.data,
+            ctx.cfg,
+            &self.params,
+            (&mut rng).into(),
+        )?;
         let w = divide(&st.l_div, ctx.cfg, CleanSide::LowMean);
         let (clean, labels) = plan_labels(
             &w,
@@ -508,7 +513,7 @@ impl Method for Esc {
                 ctx.data,
                 ctx.cfg,
                 &self.params,
-                &mut ctx.streams.score(),
+                ctx.shuffles(),
             )
         };
         let (a, b) = (stats(0)?, stats(1)?);
@@ -820,7 +825,7 @@ mod tests {
                 .min_by(|&x, &y| hinge[x].total_cmp(&hinge[y]))
                 .expect("four pairs");
             let params: EscParams = cfg.method_params("esc").expect("preset params");
-            let st = net_stats(net, &data, &cfg, &params, &mut p.streams().score())?;
+            let st = net_stats(net, &data, &cfg, &params, (&mut p.streams().score()).into())?;
             close(&st.raw_label, &table[a]);
         }
         Ok(())

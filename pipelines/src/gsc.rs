@@ -271,22 +271,28 @@ impl Gsc {
         let (vi, vt) = net.embed_all(ctx.data, EMBED_CHUNK)?;
         let n = vi.dim(0)?;
         let shuffles = ctx.cfg.division_shuffles.max(1);
-        let mut rng = ctx.streams.score();
         let mut s_im = vec![0f32; n];
         let mut y_cm = vec![0f32; n];
-        for_each_shuffled_batch(&vi, &vt, ctx.cfg.batch_size, shuffles, &mut rng, |b| {
-            let gv = b.images.matmul(&b.images.t()?)?;
-            let gt = b.texts.matmul(&b.texts.t()?)?;
-            // No label history for scored data: the initial labels, 1.
-            let ones = Tensor::ones(b.idx.len(), DType::F32, vi.device())?;
-            let sim: Vec<f32> = intra_modal_consistency(&gv, &gt, &ones)?.to_vec1()?;
-            let cm: Vec<f32> = match_prob(&b.s, self.params.tau1)?.to_vec1()?;
-            for (j, &i) in b.idx.iter().enumerate() {
-                s_im[i] += sim[j];
-                y_cm[i] += cm[j];
-            }
-            Ok(())
-        })?;
+        for_each_shuffled_batch(
+            &vi,
+            &vt,
+            ctx.cfg.batch_size,
+            shuffles,
+            ctx.shuffles(),
+            |b| {
+                let gv = b.images.matmul(&b.images.t()?)?;
+                let gt = b.texts.matmul(&b.texts.t()?)?;
+                // No label history for scored data: the initial labels, 1.
+                let ones = Tensor::ones(b.idx.len(), DType::F32, vi.device())?;
+                let sim: Vec<f32> = intra_modal_consistency(&gv, &gt, &ones)?.to_vec1()?;
+                let cm: Vec<f32> = match_prob(&b.s, self.params.tau1)?.to_vec1()?;
+                for (j, &i) in b.idx.iter().enumerate() {
+                    s_im[i] += sim[j];
+                    y_cm[i] += cm[j];
+                }
+                Ok(())
+            },
+        )?;
         let avg = |v: Vec<f32>| {
             v.into_iter()
                 .map(|x| x / shuffles as f32)
@@ -725,7 +731,7 @@ mod tests {
                 assert!(v.iter().all(|x| (0.0..=1.0).contains(x)), "{v:?}");
                 assert!(v.iter().any(|&x| x < 1.0), "{v:?}");
             }
-            p.finalize(&data, &mut crate::Silent)?;
+            p.finalize(&data, &[data.len()], &mut crate::Silent)?;
             let mut q = Runner::<Gsc>::new(tiny_cfg(networks), &tiny_model(), 7, &dev())?;
             q.load_state(&p.state(), p.pair_state())?;
             // JSON may move a float by an ulp, so compare what the divisions say.

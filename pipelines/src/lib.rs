@@ -18,7 +18,7 @@
 //!    `new` (parse and validate), `plan` (the epoch's division: which pairs
 //!    each network trains on, keeping the labels the loss needs),
 //!    `batch_loss`, `clean_side`, `score_pass` (the division statistic of a
-//!    whole dataset from [`runner::Streams::score`]), `statistic` and
+//!    whole dataset in the block-local shuffles of `ScoreCtx::shuffles`), `statistic` and
 //!    `scores`. Override the hooks only where the paper differs: `networks`
 //!    (co-teaching), `has_warmup` / `warmup_loss`, `lr_at`, `init_seed`
 //!    (re-initialisation), `start_net` / `end_net` / `finish_epoch` (label

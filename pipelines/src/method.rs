@@ -29,6 +29,7 @@ use crate::losses::per_sample_hinge;
 use crate::net::Net;
 use crate::pipeline::PairScores;
 use crate::runner::Streams;
+use crate::scoring::{ScoreBlocks, Shuffles};
 
 /// The pairs each network trains on in one epoch, and what the epoch log says.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,11 +96,21 @@ pub struct ScoreCtx<'a> {
     pub data: &'a PairInputs,
     /// The run's configuration.
     pub cfg: &'a TrainConfig,
-    /// Named seed streams; scoring shuffles come from [`Streams::score`].
+    /// Named seed streams; scoring shuffles come from
+    /// [`Streams::score_block`] through [`ScoreCtx::shuffles`].
     pub streams: &'a Streams,
+    /// The blocks `data` is scored in (see [`crate::scoring`]).
+    pub blocks: &'a ScoreBlocks,
     /// Refit the method's own auxiliary mixtures on `data` instead of using
     /// the stored ones (the runner refits its division itself).
     pub refit: bool,
+}
+
+impl ScoreCtx<'_> {
+    /// The block-local shuffles every scoring statistic is computed with.
+    pub fn shuffles(&self) -> Shuffles<'_> {
+        Shuffles::Blocks(self.blocks, self.streams)
+    }
 }
 
 /// A noisy-correspondence method: only what its paper defines.

@@ -123,11 +123,26 @@ pub trait Pipeline {
         data: &PairInputs,
         obs: &mut dyn Observer,
     ) -> Result<EpochStats>;
-    /// After the last epoch: fit the division that `score` reuses.
-    fn finalize(&mut self, data: &PairInputs, obs: &mut dyn Observer) -> Result<()>;
-    /// Per-pair results. With `refit`, the division is refitted on `data`
-    /// instead of reusing the trained mixture.
-    fn score(&self, data: &PairInputs, refit: bool, obs: &mut dyn Observer) -> Result<PairScores>;
+    /// After the last epoch: fit the division that `score` reuses, on the
+    /// statistic of the scoring pass (`shards` as in [`Pipeline::score`]).
+    fn finalize(
+        &mut self,
+        data: &PairInputs,
+        shards: &[usize],
+        obs: &mut dyn Observer,
+    ) -> Result<()>;
+    /// Per-pair results. `data` is the concatenation of shards holding
+    /// `shards[i]` pairs each: in-batch statistics are computed within
+    /// blocks of a shard ([`crate::scoring::ScoreBlocks`]), so a pair's result
+    /// does not depend on the other shards scored with it. With `refit`, the
+    /// division is refitted on `data` instead of reusing the trained mixture.
+    fn score(
+        &self,
+        data: &PairInputs,
+        shards: &[usize],
+        refit: bool,
+        obs: &mut dyn Observer,
+    ) -> Result<PairScores>;
     /// Joint-space embeddings `(images, captions)` of every pair, one entry
     /// per network (co-taught networks are averaged by the caller: at
     /// inference their similarity matrices are averaged). Used for retrieval.

@@ -38,7 +38,6 @@
 
 use candle_core::{Tensor, D};
 use ncclean_models::layers::log_softmax_last;
-use ncclean_models::rng::Rng;
 use ncclean_models::{ImageTowerConfig, ModelConfig, PairInputs, TextTowerConfig};
 use serde::{Deserialize, Serialize};
 
@@ -50,7 +49,7 @@ use crate::method::{pair_array, Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::net::Net;
 use crate::params::{non_negative, positive, unit_interval};
 use crate::pipeline::PairScores;
-use crate::scoring::{divide, for_each_shuffled_batch, pair_similarity};
+use crate::scoring::{divide, for_each_shuffled_batch, pair_similarity, Shuffles};
 
 /// Added to masked logits so padded tokens never win an argmax or a softmax.
 const MASK_OFFSET: f64 = 1e4;
@@ -282,7 +281,7 @@ impl Recon {
         net: &Net,
         data: &PairInputs,
         cfg: &TrainConfig,
-        rng: &mut Rng,
+        order: Shuffles,
     ) -> Result<Stats> {
         let n = data.len();
         let all: Vec<usize> = (0..n).collect();
@@ -327,7 +326,7 @@ impl Recon {
         let similarity = pair_similarity(&vi, &vt)?;
         let shuffles = cfg.division_shuffles.max(1);
         let (mut l_cm, mut p) = (vec![0f32; n], vec![0f32; n]);
-        for_each_shuffled_batch(&vi, &vt, cfg.batch_size, shuffles, rng, |b| {
+        for_each_shuffled_batch(&vi, &vt, cfg.batch_size, shuffles, order, |b| {
             let cm: Vec<f32> = symmetric_infonce(&b.s, self.params.tau)?.to_vec1()?;
             let pb: Vec<f32> = match_prob(&b.s, self.params.tau)?.to_vec1()?;
             for (j, &i) in b.idx.iter().enumerate() {
@@ -393,7 +392,7 @@ impl Method for Recon {
     fn plan(&mut self, ctx: &mut EpochCtx) -> Result<Plan> {
         let n = ctx.data.len();
         let prm = self.params.clone();
-        let st = self.stats(&ctx.nets[0], ctx.data, ctx.cfg, ctx.rng)?;
+        let st = self.stats(&ctx.nets[0], ctx.data, ctx.cfg, (&mut *ctx.rng).into())?;
         let y_cm = divide(&st.l_cm, ctx.cfg, CleanSide::LowMean);
         let y_ims: Vec<f32> = st.l_im.iter().map(|&v| y_im(v)).collect();
         let parts = partition(&y_cm, &y_ims, prm.omega1, prm.omega2);
@@ -450,7 +449,7 @@ impl Method for Recon {
     }
 
     fn score_pass(&self, ctx: &ScoreCtx) -> Result<Stats> {
-        self.stats(&ctx.nets[0], ctx.data, ctx.cfg, &mut ctx.streams.score())
+        self.stats(&ctx.nets[0], ctx.data, ctx.cfg, ctx.shuffles())
     }
 
     fn statistic(pass: &Stats) -> &[f32] {

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::net::Net;
 use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
+use crate::scoring::ScoreBlocks;
 
 /// Pairs embedded per forward pass when a whole dataset is embedded without
 /// gradients (scoring, division passes, retrieval).
@@ -40,7 +41,9 @@ pub const EMBED_CHUNK: usize = 512;
 ///   [`Streams::batches`]);
 /// - `score-shuffles`: the shuffles of every scoring pass, identical for all
 ///   networks so `fit`'s labels and `ncclean score` see the same batches
-///   ([`Streams::score`]).
+///   ([`Streams::score`]); it shuffles the first block of every shard, and
+///   `score-shuffles-block-{b}` the block `b` ≥ 1 of a shard
+///   ([`Streams::score_block`], [`crate::scoring::ScoreBlocks`]).
 ///
 /// Two methods keep names from before this scheme, so that their outputs
 /// did not move: CRCL's piece initialisation `piece-{p}` and GSC's batch
@@ -90,6 +93,17 @@ impl Streams {
     /// The scoring shuffles (fresh for every network and every pass).
     pub fn score(&self) -> Rng {
         self.named("score-shuffles")
+    }
+
+    /// The scoring shuffles of block `b` of a shard. Block 0 uses
+    /// [`Streams::score`], so data of one block scores as it did before
+    /// scoring was cut into blocks.
+    pub fn score_block(&self, b: usize) -> Rng {
+        if b == 0 {
+            self.score()
+        } else {
+            self.named(&format!("score-shuffles-block-{b}"))
+        }
     }
 
     /// Any other stream, by name.
@@ -258,12 +272,21 @@ impl<M: Method> Runner<M> {
         }
     }
 
-    fn pass(&self, data: &PairInputs, refit: bool) -> Result<M::Pass> {
+    fn pass(&self, data: &PairInputs, shards: &[usize], refit: bool) -> Result<M::Pass> {
+        let blocks = ScoreBlocks::new(shards, self.cfg.batch_size);
+        if blocks.pairs() != data.len() {
+            return Err(Error::State(format!(
+                "the shards hold {} pairs, the data {}",
+                blocks.pairs(),
+                data.len()
+            )));
+        }
         self.method.score_pass(&ScoreCtx {
             nets: &self.nets,
             data,
             cfg: &self.cfg,
             streams: &self.streams,
+            blocks: &blocks,
             refit,
         })
     }
@@ -392,12 +415,17 @@ impl<M: Method> Pipeline for Runner<M> {
         })
     }
 
-    fn finalize(&mut self, data: &PairInputs, obs: &mut dyn Observer) -> Result<()> {
+    fn finalize(
+        &mut self,
+        data: &PairInputs,
+        shards: &[usize],
+        obs: &mut dyn Observer,
+    ) -> Result<()> {
         if obs.cancelled() {
             return Err(Error::Interrupted);
         }
         obs.start("final division", 1);
-        let pass = self.pass(data, true)?;
+        let pass = self.pass(data, shards, true)?;
         self.division = Some(Division::fit(
             M::statistic(&pass),
             self.cfg.mixture,
@@ -409,7 +437,13 @@ impl<M: Method> Pipeline for Runner<M> {
         Ok(())
     }
 
-    fn score(&self, data: &PairInputs, refit: bool, obs: &mut dyn Observer) -> Result<PairScores> {
+    fn score(
+        &self,
+        data: &PairInputs,
+        shards: &[usize],
+        refit: bool,
+        obs: &mut dyn Observer,
+    ) -> Result<PairScores> {
         if obs.cancelled() {
             return Err(Error::Interrupted);
         }
@@ -420,7 +454,7 @@ impl<M: Method> Pipeline for Runner<M> {
             (None, false) => return Err(not_fitted()),
         };
         self.check_finite_weights()?;
-        let pass = self.pass(data, refit)?;
+        let pass = self.pass(data, shards, refit)?;
         let stat = M::statistic(&pass);
         let clean_prob = match stored {
             Some(d) => d.clean_prob(stat),
@@ -590,16 +624,21 @@ mod tests {
             let build = || (info.build)(config(info.name), &model, 5, &Device::Cpu);
             let mut p = build()?;
             assert!(matches!(
-                p.score(&data, false, &mut Silent),
+                p.score(&data, &[data.len()], false, &mut Silent),
                 Err(Error::State(_))
             ));
             for e in 0..p.total_epochs() {
                 let st = p.run_epoch(e, &data, &mut Silent)?;
                 assert!(st.loss.is_finite(), "{}: epoch {e}", info.name);
             }
-            p.finalize(&data, &mut Silent)?;
-            let a = p.score(&data, false, &mut Silent)?;
-            assert_eq!(a, p.score(&data, false, &mut Silent)?, "{}", info.name);
+            p.finalize(&data, &[data.len()], &mut Silent)?;
+            let a = p.score(&data, &[data.len()], false, &mut Silent)?;
+            assert_eq!(
+                a,
+                p.score(&data, &[data.len()], false, &mut Silent)?,
+                "{}",
+                info.name
+            );
             for v in [&a.clean_prob, &a.soft_label] {
                 assert!(
                     v.iter().all(|x| (0.0..=1.0).contains(x)),
@@ -621,7 +660,12 @@ mod tests {
                     v.set(src[k].as_tensor())?;
                 }
             }
-            assert_eq!(q.score(&data, false, &mut Silent)?, a, "{}", info.name);
+            assert_eq!(
+                q.score(&data, &[data.len()], false, &mut Silent)?,
+                a,
+                "{}",
+                info.name
+            );
             assert_eq!(q.state(), p.state(), "{}", info.name);
         }
         Ok(())
@@ -657,13 +701,13 @@ mod tests {
         for e in 0..p.total_epochs() {
             p.run_epoch(e, &data, &mut Silent)?;
         }
-        p.finalize(&data, &mut Silent)?;
+        p.finalize(&data, &[data.len()], &mut Silent)?;
         // A NaN input pair: its similarity is NaN, so it is not clean.
         let mut bad = data.clone();
         if let ncclean_models::ImageInputs::Embeddings { data, .. } = &mut bad.images {
             data[0] = f32::NAN;
         }
-        let s = p.score(&bad, false, &mut Silent)?;
+        let s = p.score(&bad, &[bad.len()], false, &mut Silent)?;
         assert!(s.similarity[0].is_nan());
         assert_eq!((s.clean_prob[0], s.soft_label[0]), (0.0, 0.0));
         assert!(s.clean_prob[1..].iter().all(|v| v.is_finite()));
@@ -674,7 +718,9 @@ mod tests {
             let nan = (v.as_tensor().ones_like()? * f64::NAN)?;
             v.set(&nan)?;
         }
-        let e = p.score(&data, false, &mut Silent).expect_err("NaN weights");
+        let e = p
+            .score(&data, &[data.len()], false, &mut Silent)
+            .expect_err("NaN weights");
         assert!(
             matches!(e, Error::State(_)) && e.to_string().contains("non-finite"),
             "{e}"
@@ -695,8 +741,8 @@ mod tests {
                 for e in from..p.total_epochs() {
                     p.run_epoch(e, &data, &mut Silent)?;
                 }
-                p.finalize(&data, &mut Silent)?;
-                p.score(&data, false, &mut Silent)
+                p.finalize(&data, &[data.len()], &mut Silent)?;
+                p.score(&data, &[data.len()], false, &mut Silent)
             };
             let whole = finish(&mut build()?, 0)?;
             for stop in 1..build()?.total_epochs() {

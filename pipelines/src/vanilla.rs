@@ -68,7 +68,7 @@ impl Method for Vanilla {
     }
 
     fn plan(&mut self, ctx: &mut EpochCtx) -> Result<Plan> {
-        let pass = hinge_pass(&ctx.nets[0], ctx.data, ctx.cfg, ctx.rng)?;
+        let pass = hinge_pass(&ctx.nets[0], ctx.data, ctx.cfg, (&mut *ctx.rng).into())?;
         self.labels = divide(&pass.statistic, ctx.cfg, CleanSide::LowMean);
         let train: Vec<usize> = (0..ctx.data.len())
             .filter(|&i| f64::from(self.labels[i]) > ctx.cfg.threshold)
@@ -93,12 +93,7 @@ impl Method for Vanilla {
     }
 
     fn score_pass(&self, ctx: &ScoreCtx) -> Result<StatPass> {
-        Ok(hinge_pass(
-            &ctx.nets[0],
-            ctx.data,
-            ctx.cfg,
-            &mut ctx.streams.score(),
-        )?)
+        Ok(hinge_pass(&ctx.nets[0], ctx.data, ctx.cfg, ctx.shuffles())?)
     }
 
     fn statistic(pass: &StatPass) -> &[f32] {

@@ -28,7 +28,7 @@ impl Method for CleanHinge {
     }
 
     fn plan(&mut self, ctx: &mut EpochCtx) -> Result<Plan> {
-        let pass = hinge_pass(&ctx.nets[0], ctx.data, ctx.cfg, ctx.rng)?;
+        let pass = hinge_pass(&ctx.nets[0], ctx.data, ctx.cfg, (&mut *ctx.rng).into())?;
         let prob = divide(&pass.statistic, ctx.cfg, CleanSide::LowMean);
         let train: Vec<usize> = (0..prob.len()).filter(|&i| prob[i] > 0.5).collect();
         self.kept = train.len();
@@ -49,12 +49,7 @@ impl Method for CleanHinge {
     }
 
     fn score_pass(&self, ctx: &ScoreCtx) -> Result<StatPass> {
-        Ok(hinge_pass(
-            &ctx.nets[0],
-            ctx.data,
-            ctx.cfg,
-            &mut ctx.streams.score(),
-        )?)
+        Ok(hinge_pass(&ctx.nets[0], ctx.data, ctx.cfg, ctx.shuffles())?)
     }
 
     fn statistic(pass: &StatPass) -> &[f32] {
@@ -139,7 +134,7 @@ fn fit(data: &PairInputs) -> Result<Runner<CleanHinge>> {
         assert!(st.loss.is_finite());
         assert_eq!(st.phase, if e < 3 { "warmup" } else { "clean" });
     }
-    run.finalize(data, &mut Silent)?;
+    run.finalize(data, &[data.len()], &mut Silent)?;
     Ok(run)
 }
 
@@ -148,7 +143,7 @@ fn a_method_written_through_the_recipe_trains_and_scores() -> Result<()> {
     let (inputs, noisy) = data(96);
     let run = fit(&inputs)?;
     assert!(run.method_ref().kept > 0 && run.method_ref().kept < 96);
-    let scores = run.score(&inputs, false, &mut Silent)?;
+    let scores = run.score(&inputs, &[inputs.len()], false, &mut Silent)?;
     assert_eq!(scores.clean_prob.len(), 96);
     // Detection: the probability that a random clean pair scores above a
     // random noisy pair (AUROC), computed by counting.
@@ -165,13 +160,13 @@ fn a_method_written_through_the_recipe_trains_and_scores() -> Result<()> {
     assert!(auroc > 0.9, "AUROC {auroc}");
 
     // The runner's seed streams make the whole run reproducible.
-    let again = fit(&inputs)?.score(&inputs, false, &mut Silent)?;
+    let again = fit(&inputs)?.score(&inputs, &[inputs.len()], false, &mut Silent)?;
     assert_eq!(again, scores);
 
     // Scoring needs the final division, and says so with a state error.
     let fresh = Runner::<CleanHinge>::new(config(), &model(), 5, &Device::Cpu)?;
     let e = fresh
-        .score(&inputs, false, &mut Silent)
+        .score(&inputs, &[inputs.len()], false, &mut Silent)
         .expect_err("not fitted");
     assert!(matches!(e, Error::State(_)), "{e}");
     assert!(e.to_string().contains("run fit first"), "{e}");

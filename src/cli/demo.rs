@@ -29,6 +29,15 @@ pub struct DemoArgs {
     /// Side of the square PNG images, in pixels.
     #[arg(long, default_value_t = 64)]
     pub image_size: u32,
+    /// Write an `image_embedding` column of this many floats instead of PNG
+    /// images (each attribute adds a fixed random vector, plus noise): data
+    /// for scale tests, generated quickly and streamed to disk.
+    #[arg(long, value_name = "DIM")]
+    pub embedding_dim: Option<usize>,
+    /// Split the pairs into this many shards, `demo-00000.parquet`, … (in
+    /// order, sizes within one row of each other) instead of `demo.parquet`.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub shards: usize,
 }
 
 const ROW_GROUP: usize = 1024;
@@ -43,8 +52,25 @@ pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
     if a.pairs == 0 {
         return Err(Error::Usage("--pairs must be at least 1".into()));
     }
+    if a.shards == 0 || a.shards > a.pairs {
+        return Err(Error::Usage(format!(
+            "--shards must be between 1 and --pairs ({}), got {}",
+            a.pairs, a.shards
+        )));
+    }
+    if a.embedding_dim == Some(0) {
+        return Err(Error::Usage("--embedding-dim must be at least 1".into()));
+    }
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("cannot create {}", a.out.display()))?;
+    if let Some(dim) = a.embedding_dim {
+        return write_embedding_shards(&a, dim, rep);
+    }
+    if a.shards > 1 {
+        return Err(Error::Usage(
+            "--shards needs --embedding-dim (image demo data is written as one file)".into(),
+        ));
+    }
     let path = a.out.join("demo.parquet");
     let pairs = generate(&DemoOptions {
         pairs: a.pairs,
@@ -94,4 +120,96 @@ pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
     rep.info(&format!("wrote {} pairs to {}", a.pairs, path.display()));
     println!("{}", path.display());
     Ok(())
+}
+
+/// The rows of shard `k` of `n` over `pairs` (balanced, in order).
+fn shard_range(pairs: usize, n: usize, k: usize) -> std::ops::Range<usize> {
+    let start = k * (pairs / n) + k.min(pairs % n);
+    start..start + pairs / n + usize::from(k < pairs % n)
+}
+
+/// `--embedding-dim`: embedding shards, generated and written a row group
+/// at a time.
+fn write_embedding_shards(a: &DemoArgs, dim: usize, rep: &Reporter) -> Result<()> {
+    use arrow_array::builder::{Float32Builder, ListBuilder};
+    let gen = crate::demo::EmbeddingDemo::new(dim, a.seed);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("key", DataType::Utf8, false),
+        Field::new(
+            "image_embedding",
+            DataType::List(Arc::new(Field::new("item", DataType::Float32, true))),
+            false,
+        ),
+        Field::new("caption", DataType::Utf8, false),
+        Field::new("colour", DataType::Utf8, false),
+        Field::new("shape", DataType::Utf8, false),
+        Field::new("position", DataType::Utf8, false),
+        Field::new("size", DataType::Utf8, false),
+    ]));
+    let mut meta = BTreeMap::new();
+    meta.insert(
+        "ncclean.version".to_string(),
+        env!("CARGO_PKG_VERSION").to_string(),
+    );
+    meta.insert("ncclean.demo.seed".to_string(), a.seed.to_string());
+    meta.insert("ncclean.demo.pairs".to_string(), a.pairs.to_string());
+    meta.insert("ncclean.demo.embedding_dim".to_string(), dim.to_string());
+    for k in 0..a.shards {
+        let path = if a.shards == 1 {
+            a.out.join("demo.parquet")
+        } else {
+            a.out.join(format!("demo-{k:05}.parquet"))
+        };
+        let mut w = AtomicParquetWriter::create(&path, schema.clone(), &meta)?;
+        let range = shard_range(a.pairs, a.shards, k);
+        let rows: Vec<usize> = range.collect();
+        for chunk in rows.chunks(ROW_GROUP) {
+            crate::interrupt::check()?;
+            let pairs: Vec<_> = chunk.iter().map(|&i| gen.pair(i)).collect();
+            let col = |f: &dyn Fn(&crate::demo::EmbeddingPair) -> &str| -> ArrayRef {
+                Arc::new(StringArray::from_iter_values(pairs.iter().map(f)))
+            };
+            let mut emb = ListBuilder::new(Float32Builder::with_capacity(pairs.len() * dim));
+            for p in &pairs {
+                emb.values().append_slice(&p.embedding);
+                emb.append(true);
+            }
+            let emb: ArrayRef = Arc::new(emb.finish());
+            let batch = RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    col(&|p| p.key.as_str()),
+                    emb,
+                    col(&|p| p.caption.as_str()),
+                    col(&|p| p.colour),
+                    col(&|p| p.shape),
+                    col(&|p| p.position),
+                    col(&|p| p.size),
+                ],
+            )
+            .context("building demo batch")?;
+            w.write(&batch)?;
+        }
+        w.finish()?;
+        println!("{}", path.display());
+    }
+    rep.info(&format!(
+        "wrote {} pairs with {dim}-float embeddings in {} file(s) to {}",
+        a.pairs,
+        a.shards,
+        a.out.display()
+    ));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shard_range;
+
+    #[test]
+    fn shard_ranges_cover_the_pairs_in_order() {
+        let r: Vec<_> = (0..3).map(|k| shard_range(10, 3, k)).collect();
+        assert_eq!(r, vec![0..4, 4..7, 7..10]);
+        assert_eq!(shard_range(5, 1, 0), 0..5);
+    }
 }

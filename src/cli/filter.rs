@@ -1,29 +1,39 @@
 //! `ncclean filter`: write the rows that labels call clean.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 
 use crate::data;
-use crate::engine::keep_mask_by;
+use crate::engine::{keep_mask_by, labels_for_file};
 use crate::error::{Error, Result};
 use crate::progress::Reporter;
 
-use super::DataArgs;
+use super::{DataArgs, ShardArgs};
 
 /// Arguments of `ncclean filter`.
 #[derive(Debug, Args)]
 pub struct FilterArgs {
     #[command(flatten)]
     pub data: DataArgs,
-    /// Labels parquet from `fit` or `score` on this data.
-    #[arg(long, value_name = "FILE")]
+    #[command(flatten)]
+    pub shards: ShardArgs,
+    /// Labels parquet from `fit` or `score` on this data, or (with
+    /// --out-dir) the directory `score --out-dir` wrote, holding
+    /// <shard stem>.parquet for every input shard.
+    #[arg(long, value_name = "FILE|DIR")]
     pub labels: PathBuf,
     /// Output file: the kept rows, all original columns unchanged (for tar
     /// input, a tar of the kept samples' members; see --format).
-    #[arg(long, value_name = "FILE")]
-    pub out: PathBuf,
+    #[arg(long, value_name = "FILE", required_unless_present = "out_dir")]
+    pub out: Option<PathBuf>,
+    /// Write one filtered shard per input shard, DIR/<shard stem>.parquet
+    /// (or .tar, see --format), each followed by a completion marker
+    /// DIR/<shard stem>.done.json; a rerun skips shards already filtered
+    /// from the same labels and rule.
+    #[arg(long, value_name = "DIR", conflicts_with = "out")]
+    pub out_dir: Option<PathBuf>,
     /// Output format: parquet, or tar (tar input only: the kept samples'
     /// members byte for byte). Default: by the --out extension (.tar,
     /// .parquet), else the input's format.
@@ -88,20 +98,32 @@ pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
             }
         }
     }
-    let input = a.data.open()?;
-    let (labels, _) = data::read_labels(&a.labels)?;
-    let rule = match (a.min_prob, a.keep_fraction) {
+    match (&a.out_dir, &a.out) {
+        (Some(dir), _) => run_shards(&a, dir, rep),
+        (None, Some(out)) => run_one(&a, out, rep),
+        (None, None) => Err(Error::Usage("give --out FILE or --out-dir DIR".into())),
+    }
+}
+
+/// The rule of the flags; `probs` (every scored row's clean_prob) are read
+/// only for --keep-fraction.
+fn rule_of(a: &FilterArgs, probs: impl FnOnce() -> Result<Vec<f32>>) -> Result<Rule> {
+    Ok(match (a.min_prob, a.keep_fraction) {
         (Some(p), _) => Rule::MinProb(p),
-        (None, Some(k)) => {
-            let probs: Vec<f32> = labels.iter().filter_map(|l| l.clean_prob).collect();
-            Rule::Cut(fraction_cut(&probs, k))
-        }
+        (None, Some(k)) => Rule::Cut(fraction_cut(&probs()?, k)),
         (None, None) => Rule::IsClean,
-    };
-    let keep = keep_mask_by(&input, &labels, |l| match rule {
+    })
+}
+
+/// Whether `rule` keeps the row labelled `l`.
+fn keeps(rule: Rule, l: &data::LabelRow) -> bool {
+    match rule {
         Rule::IsClean => l.is_clean,
         Rule::MinProb(p) | Rule::Cut(p) => l.clean_prob.is_some_and(|c| c as f64 >= p),
-    })?;
+    }
+}
+
+fn filter_metadata(labels: &Path, rule: Rule) -> BTreeMap<String, String> {
     let mut meta = BTreeMap::new();
     meta.insert(
         "ncclean.version".to_string(),
@@ -109,20 +131,159 @@ pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
     );
     meta.insert(
         "ncclean.filter.labels".to_string(),
-        a.labels.display().to_string(),
+        labels.display().to_string(),
     );
     meta.insert("ncclean.filter.rule".to_string(), rule.to_string());
-    let format = data::OutputFormat::choose(&input, &a.out, a.format);
-    let s = data::write_filtered_as(&input, &keep, &a.out, &meta, format)?;
+    meta
+}
+
+fn run_one(a: &FilterArgs, out: &Path, rep: &Reporter) -> Result<()> {
+    a.shards.check_unused()?;
+    let input = a.data.open()?;
+    let (labels, _) = data::read_labels(&a.labels)?;
+    let rule = rule_of(a, || {
+        Ok(labels.iter().filter_map(|l| l.clean_prob).collect())
+    })?;
+    let keep = keep_mask_by(&input, &labels, |l| keeps(rule, l))?;
+    let meta = filter_metadata(&a.labels, rule);
+    let format = data::OutputFormat::choose(&input, out, a.format);
+    let s = data::write_filtered_as(&input, &keep, out, &meta, format)?;
     rep.info(&format!(
         "kept {} of {} rows ({rule})",
         s.rows_out, s.rows_in
     ));
     println!(
         "{}",
-        serde_json::json!({ "out": a.out.display().to_string(), "rows_in": s.rows_in, "rows_out": s.rows_out, "dropped": s.dropped })
+        serde_json::json!({ "out": out.display().to_string(), "rows_in": s.rows_in, "rows_out": s.rows_out, "dropped": s.dropped })
     );
-    s.check(&a.out)
+    s.check(out)
+}
+
+/// sha256 of a file's bytes, read a MiB at a time.
+fn file_sha256(path: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| Error::InvalidInput(format!("{}: cannot open it ({e})", path.display())))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(crate::hex::hex(&h.finalize()))
+}
+
+/// `--out-dir`: one filtered shard and marker per input shard. `--labels`
+/// is one file for all shards, or a directory of per-shard labels.
+fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
+    let shards = a.shards.select(&a.data.data)?;
+    crate::shards::prepare_out_dir(dir, &shards)?;
+    let per_shard = a.labels.is_dir();
+    let labels_of = |stem: &str| -> PathBuf {
+        if per_shard {
+            crate::shards::output_path(&a.labels, stem)
+        } else {
+            a.labels.clone()
+        }
+    };
+    // One labels file is read once; per-shard labels as each shard comes.
+    let single = if per_shard {
+        None
+    } else {
+        Some(data::read_labels(&a.labels)?.0)
+    };
+    // --keep-fraction's cut is over every shard's labels (not only this
+    // worker's), so all workers apply the same cut.
+    let rule = rule_of(a, || match &single {
+        Some(l) => Ok(l.iter().filter_map(|l| l.clean_prob).collect()),
+        None => {
+            let mut probs = Vec::new();
+            for s in a.shards.select_all(&a.data.data)? {
+                let (l, _) = data::read_labels(&labels_of(&s.stem))?;
+                probs.extend(l.iter().filter_map(|l| l.clean_prob));
+            }
+            Ok(probs)
+        }
+    })?;
+    let single_sha = match &single {
+        Some(_) => Some(file_sha256(&a.labels)?),
+        None => None,
+    };
+    let summary = crate::shards::run(
+        dir,
+        &shards,
+        "filter",
+        |s| match shard_format(a.format, &s.path) {
+            data::OutputFormat::Tar => "tar",
+            data::OutputFormat::Parquet => "parquet",
+        },
+        // The rule and the labels' content are the source: another cut or
+        // rescored labels redo the shards.
+        |s| {
+            let sha = match &single_sha {
+                Some(sha) => sha.clone(),
+                None => file_sha256(&labels_of(&s.stem))?,
+            };
+            Ok(format!("{rule}; labels sha256 {sha}"))
+        },
+        |p| {
+            let opts = a.data.column_options();
+            crate::data::InputSet::open(&[p.to_path_buf()], &opts)
+        },
+        rep,
+        |shard| {
+            let labels_path = labels_of(&shard.shard.stem);
+            let owned;
+            let labels = match &single {
+                Some(l) => {
+                    owned = labels_for_file(l, &shard.shard.path);
+                    &owned
+                }
+                None => {
+                    owned = data::read_labels(&labels_path)?.0;
+                    &owned
+                }
+            };
+            let keep = keep_mask_by(shard.input, labels, |l| keeps(rule, l))?;
+            let meta = filter_metadata(&labels_path, rule);
+            let format = shard_format(a.format, &shard.shard.path);
+            let s = data::write_filtered_as(shard.input, &keep, &shard.path, &meta, format)?;
+            Ok(crate::shards::Counts {
+                rows: s.rows_in,
+                usable: s.rows_in,
+                skipped: s.dropped,
+                kept: s.rows_out,
+                noisy: 0,
+            })
+        },
+    )?;
+    let c = summary.counts;
+    rep.info(&format!(
+        "{} shards: {} filtered now, {} already done; kept {} of {} rows ({rule})",
+        summary.shards, summary.done, summary.already_done, c.kept, c.rows
+    ));
+    println!(
+        "{}",
+        serde_json::json!({
+            "out_dir": dir.display().to_string(), "shards": summary.shards, "done": summary.done,
+            "already_done": summary.already_done, "rows_in": c.rows, "rows_out": c.kept,
+            "dropped": c.skipped,
+        })
+    );
+    if c.skipped > 0 {
+        return Err(Error::Partial(format!(
+            "{} rows that the labels keep could not be read back from the input and are missing from the shards in {} (the warnings above say which row groups and columns)",
+            c.skipped,
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -150,4 +311,19 @@ mod tests {
         );
         assert_eq!(Rule::IsClean.to_string(), "is_clean from the labels");
     }
+}
+
+/// A per-shard output's format: `--format`, else the shard's own (a tar
+/// shard filters to a tar shard).
+fn shard_format(explicit: Option<data::OutputFormat>, shard: &Path) -> data::OutputFormat {
+    explicit.unwrap_or_else(|| {
+        let tar = shard
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("tar"));
+        if tar {
+            data::OutputFormat::Tar
+        } else {
+            data::OutputFormat::Parquet
+        }
+    })
 }

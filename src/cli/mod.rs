@@ -71,8 +71,9 @@ enum Command {
 pub struct DataArgs {
     /// Parquet files or webdataset tar shards (`*.tar`, as img2dataset
     /// writes them), directories of them, or globs (`shards/*.parquet`,
-    /// `shards/*.tar`). One run reads one of the two formats.
-    #[arg(required = true, value_name = "DATA")]
+    /// `shards/*.tar`). One run reads one of the two formats. Required,
+    /// except by `score` and `filter` given `--files-from`.
+    #[arg(value_name = "DATA")]
     pub data: Vec<PathBuf>,
     /// Image column: bytes, a {bytes, path} struct, a path string or a list<float> embedding.
     #[arg(long, value_name = "NAME")]
@@ -119,16 +120,82 @@ impl DataArgs {
 
     /// Open and validate the inputs, for commands that do not read images.
     pub fn open(&self) -> Result<crate::data::InputSet> {
+        self.check_given()?;
         crate::data::InputSet::open(&self.data, &self.column_options())
     }
 
     /// Open and validate the inputs, reading their images within `images`.
     pub fn open_with(&self, images: &ImageArgs) -> Result<crate::data::InputSet> {
-        let opts = ColumnOptions {
+        self.check_given()?;
+        crate::data::InputSet::open(&self.data, &self.options_with(images))
+    }
+
+    /// The column options with the image limits of `images`.
+    pub fn options_with(&self, images: &ImageArgs) -> ColumnOptions {
+        ColumnOptions {
             image_limits: images.limits(),
             ..self.column_options()
-        };
-        crate::data::InputSet::open(&self.data, &opts)
+        }
+    }
+
+    /// DATA is optional to clap (`--files-from` can replace it), so its
+    /// absence is said here.
+    fn check_given(&self) -> Result<()> {
+        if self.data.is_empty() {
+            return Err(crate::error::Error::Usage(
+                "no input given: name parquet files, directories of them or globs (DATA)".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Shard-at-a-time work (`score`, `filter`): which input files this worker
+/// takes and where it lists them from. Only with `--out-dir`.
+#[derive(Debug, Clone, Args)]
+pub struct ShardArgs {
+    /// Also read input paths from FILE, one per line (blank lines and lines
+    /// starting with # are ignored; relative paths are relative to the
+    /// current directory). Only with --out-dir.
+    #[arg(long, value_name = "FILE")]
+    pub files_from: Option<PathBuf>,
+    /// Split the input files between N workers: the files, sorted by path,
+    /// go to worker (position modulo N), so every worker agrees on the split
+    /// without talking to the others. Only with --out-dir (default 1).
+    #[arg(long, value_name = "N")]
+    pub num_shards: Option<usize>,
+    /// This worker's index, 0 to N-1 (see --num-shards; default 0).
+    #[arg(long, value_name = "I")]
+    pub shard_index: Option<usize>,
+}
+
+impl ShardArgs {
+    /// Refuse the flags where there is one output for all inputs.
+    pub fn check_unused(&self) -> Result<()> {
+        if self.files_from.is_some() || self.num_shards.is_some() || self.shard_index.is_some() {
+            return Err(crate::error::Error::Usage(
+                "--files-from, --num-shards and --shard-index need --out-dir \
+                 (one output per input shard)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every worker's shards of `data` and `--files-from`, in order.
+    pub fn select_all(&self, data: &[PathBuf]) -> Result<Vec<crate::shards::Shard>> {
+        crate::shards::select(
+            data,
+            self.files_from.as_deref(),
+            &crate::shards::Split::all(),
+        )
+    }
+
+    /// This worker's shards of `data` and `--files-from`.
+    pub fn select(&self, data: &[PathBuf]) -> Result<Vec<crate::shards::Shard>> {
+        let split =
+            crate::shards::Split::new(self.num_shards.unwrap_or(1), self.shard_index.unwrap_or(0))?;
+        crate::shards::select(data, self.files_from.as_deref(), &split)
     }
 }
 

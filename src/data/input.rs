@@ -222,7 +222,7 @@ impl InputSet {
 
 /// Files named by the user, in the order given; directories and globs expand
 /// to their matches sorted by name, so the row order is reproducible.
-fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+pub(crate) fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for input in inputs {
         let name = input

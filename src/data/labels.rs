@@ -146,6 +146,40 @@ pub fn write_labels(
     writer.finish()
 }
 
+/// A labels file written a piece at a time (same layout as
+/// [`write_labels`]): rows go to disk as they come, the metadata, which
+/// describes all of them, is added at the end. Atomic like
+/// [`AtomicParquetWriter`].
+pub struct LabelsWriter {
+    writer: AtomicParquetWriter,
+    schema: SchemaRef,
+}
+
+impl LabelsWriter {
+    /// Start writing `path`.
+    pub fn create(path: &Path) -> Result<LabelsWriter> {
+        let schema = labels_schema();
+        Ok(LabelsWriter {
+            writer: AtomicParquetWriter::create(path, schema.clone(), &BTreeMap::new())?,
+            schema,
+        })
+    }
+
+    /// Append rows.
+    pub fn write(&mut self, rows: &[LabelRow]) -> Result<()> {
+        for chunk in rows.chunks(CHUNK_ROWS) {
+            self.writer.write(&to_batch(&self.schema, chunk)?)?;
+        }
+        Ok(())
+    }
+
+    /// Add `metadata`, write the footer and rename into place.
+    pub fn finish(mut self, metadata: &BTreeMap<String, String>) -> Result<()> {
+        self.writer.append_metadata(metadata)?;
+        self.writer.finish()
+    }
+}
+
 /// Read a labels file back with its key–value metadata. A file that lacks a
 /// labels column, or has it with another type, is
 /// [`crate::Error::InvalidInput`] naming the column.

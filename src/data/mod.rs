@@ -24,7 +24,8 @@ use crate::images::ImageLimits;
 pub use columns::{image_columns, resolve_columns};
 pub(crate) use filter::check_same_schema;
 pub use filter::{write_filtered, write_filtered_as, FilterSummary, OutputFormat};
-pub use labels::{read_labels, write_labels, LabelRow, RowStatus};
+pub(crate) use input::expand_inputs;
+pub use labels::{read_labels, write_labels, LabelRow, LabelsWriter, RowStatus};
 pub(crate) use rows::{bytes_at, plain, string_at};
 pub use webdataset::{
     schema as tar_schema, write_filtered_tar, write_filtered_tar_shard, CaptionFrom, KeyFrom,

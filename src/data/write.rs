@@ -99,6 +99,20 @@ impl AtomicParquetWriter {
         Ok(())
     }
 
+    /// Add key–value metadata to the footer: for what is known only once
+    /// every batch is written (counts, rates over the whole file).
+    pub fn append_metadata(&mut self, metadata: &BTreeMap<String, String>) -> Result<()> {
+        let path = &self.path;
+        let writer = self
+            .writer
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("writing {} after an error", path.display()))?;
+        for (k, v) in metadata {
+            writer.append_key_value_metadata(KeyValue::new(k.clone(), v.clone()));
+        }
+        Ok(())
+    }
+
     /// Write the footer, flush to disk and rename into place.
     pub fn finish(mut self) -> Result<()> {
         let writer = self

@@ -147,13 +147,39 @@ impl Engine {
         refit: bool,
         rep: &Reporter,
     ) -> Result<Scored> {
+        let rows = self.score_rows(input, prepared, refit, rep)?;
+        let metadata = self.metadata(&LabelsSummary {
+            refit,
+            input_fingerprint: input.fingerprint()?,
+            rows: rows.labels.len(),
+            skipped: prepared.skipped(),
+            estimated_noise_rate: rows.estimated_noise_rate,
+        })?;
+        Ok(Scored { metadata, ..rows })
+    }
+
+    /// [`Engine::score`] without the labels' metadata (which reads every
+    /// input byte for the fingerprint): for callers that score an input in
+    /// pieces and describe the whole once ([`Engine::metadata`]).
+    pub fn score_rows(
+        &self,
+        input: &InputSet,
+        prepared: &Prepared,
+        refit: bool,
+        rep: &Reporter,
+    ) -> Result<Scored> {
         let started = Instant::now();
         let scores = if prepared.ok.is_empty() {
             PairScores::default()
         } else {
             let mut obs = rep.observer();
             self.pipeline
-                .score(&prepared.inputs, refit, &mut obs)
+                .score(
+                    &prepared.inputs,
+                    &prepared.shard_sizes(input.files.len()),
+                    refit,
+                    &mut obs,
+                )
                 .map_err(|e| match e {
                     ncclean_pipelines::Error::Runtime(e) => {
                         Error::Other(anyhow::Error::new(e).context("scoring failed"))
@@ -162,9 +188,19 @@ impl Engine {
                 })?
         };
         let seconds = started.elapsed().as_secs_f64();
+        let labels = label_rows(input, prepared, &scores, self.state.config.threshold);
+        Ok(Scored {
+            labels,
+            metadata: BTreeMap::new(),
+            pairs: prepared.ok.len(),
+            seconds,
+            estimated_noise_rate: Division::estimated_noise_rate(&scores.clean_prob),
+        })
+    }
+
+    /// Parquet key–value metadata of a labels file this engine scored.
+    pub fn metadata(&self, s: &LabelsSummary) -> Result<BTreeMap<String, String>> {
         let threshold = self.state.config.threshold;
-        let labels = label_rows(input, prepared, &scores, threshold);
-        let estimated_noise_rate = Division::estimated_noise_rate(&scores.clean_prob);
         let mut metadata = BTreeMap::new();
         let put = |m: &mut BTreeMap<String, String>, k: &str, v: String| {
             m.insert(format!("ncclean.{k}"), v);
@@ -196,7 +232,7 @@ impl Engine {
         put(
             &mut metadata,
             "division",
-            if refit {
+            if s.refit {
                 "refitted on the scored data"
             } else {
                 "mixture from the checkpoint"
@@ -208,6 +244,14 @@ impl Engine {
             .unwrap_or("see the method's documentation")
             .to_string();
         put(&mut metadata, "division_statistic", statistic);
+        put(
+            &mut metadata,
+            "score_blocks",
+            format!(
+                "in-batch statistics within blocks of at most {} pairs of each input file",
+                ncclean_pipelines::scoring::SCORE_BLOCK_PAIRS.max(self.state.config.batch_size)
+            ),
+        );
         if let Some(f) = self
             .state
             .pipeline
@@ -219,19 +263,32 @@ impl Engine {
         put(
             &mut metadata,
             "estimated_noise_rate",
-            format!("{estimated_noise_rate:.6}"),
+            format!("{:.6}", s.estimated_noise_rate),
         );
-        put(&mut metadata, "input_fingerprint", input.fingerprint()?);
-        put(&mut metadata, "rows", prepared.rows.len().to_string());
-        put(&mut metadata, "skipped", prepared.skipped().to_string());
-        Ok(Scored {
-            labels,
-            metadata,
-            pairs: prepared.ok.len(),
-            seconds,
-            estimated_noise_rate,
-        })
+        put(
+            &mut metadata,
+            "input_fingerprint",
+            s.input_fingerprint.clone(),
+        );
+        put(&mut metadata, "rows", s.rows.to_string());
+        put(&mut metadata, "skipped", s.skipped.to_string());
+        Ok(metadata)
     }
+}
+
+/// What a labels file's metadata says about the scored input as a whole.
+#[derive(Debug, Clone)]
+pub struct LabelsSummary {
+    /// The mixture was refitted on the scored data.
+    pub refit: bool,
+    /// [`InputSet::fingerprint`] of the whole input.
+    pub input_fingerprint: String,
+    /// Input rows.
+    pub rows: usize,
+    /// Rows that could not be used.
+    pub skipped: usize,
+    /// Fraction of usable pairs called noisy.
+    pub estimated_noise_rate: f64,
 }
 
 fn check_compatible(input: &InputSet, state: &CheckpointState) -> Result<()> {

@@ -217,7 +217,11 @@ pub fn fit(
     }
     let epochs = info.epochs;
     pipeline
-        .finalize(&prepared.inputs, &mut obs)
+        .finalize(
+            &prepared.inputs,
+            &prepared.shard_sizes(input.files.len()),
+            &mut obs,
+        )
         .map_err(|e| Error::from(e).context("final division"))?;
     obs.finish();
     let train_seconds = t1.elapsed().as_secs_f64();

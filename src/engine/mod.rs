@@ -21,9 +21,9 @@ mod keep;
 mod labels;
 mod prepare;
 
-pub use checkpointed::{Engine, Scored};
+pub use checkpointed::{Engine, LabelsSummary, Scored};
 pub use fit::{fit, FitOptions, FitSummary};
-pub use keep::{keep_mask, keep_mask_by};
+pub use keep::{keep_mask, keep_mask_by, labels_for_file};
 pub use labels::config_hash;
 pub use prepare::{
     image_identity, prepare_for, scan, Prepared, PreparedRun, RowRecord, READ_BATCH_ROWS,

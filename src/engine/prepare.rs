@@ -65,6 +65,18 @@ impl Prepared {
     pub fn skipped(&self) -> usize {
         self.rows.len() - self.ok.len()
     }
+
+    /// Usable pairs of each of the `files` input files (the shards scoring
+    /// statistics stay within; usable pairs come in file order).
+    pub fn shard_sizes(&self, files: usize) -> Vec<usize> {
+        let mut sizes = vec![0; files];
+        for &i in &self.ok {
+            if let Some(s) = sizes.get_mut(self.rows[i].file) {
+                *s += 1;
+            }
+        }
+        sizes
+    }
 }
 
 /// Inputs for the matching head and the tower shapes they imply.
