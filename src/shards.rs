@@ -333,6 +333,10 @@ pub fn prepare_out_dir(out_dir: &Path, shards: &[Shard]) -> Result<()> {
 /// marker matches, else remove the stale marker, let `work` write
 /// `OUT/<stem>.<ext>` atomically, and write the marker. Stops at the first
 /// error (a scheduler retries the worker; done shards are kept).
+// Each argument is one decision of the caller (which shards, which command,
+// output format, provenance, how to open, how to report, the work); a struct
+// of closures would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     out_dir: &Path,
     shards: &[Shard],

@@ -286,6 +286,21 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
     Ok(())
 }
 
+/// A per-shard output's format: `--format`, else the shard's own (a tar
+/// shard filters to a tar shard).
+fn shard_format(explicit: Option<data::OutputFormat>, shard: &Path) -> data::OutputFormat {
+    explicit.unwrap_or_else(|| {
+        let tar = shard
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("tar"));
+        if tar {
+            data::OutputFormat::Tar
+        } else {
+            data::OutputFormat::Parquet
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,19 +326,4 @@ mod tests {
         );
         assert_eq!(Rule::IsClean.to_string(), "is_clean from the labels");
     }
-}
-
-/// A per-shard output's format: `--format`, else the shard's own (a tar
-/// shard filters to a tar shard).
-fn shard_format(explicit: Option<data::OutputFormat>, shard: &Path) -> data::OutputFormat {
-    explicit.unwrap_or_else(|| {
-        let tar = shard
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("tar"));
-        if tar {
-            data::OutputFormat::Tar
-        } else {
-            data::OutputFormat::Parquet
-        }
-    })
 }
