@@ -309,3 +309,116 @@ fn corrupt_members_and_a_truncated_shard_are_skipped_rows_with_reasons() {
         .iter()
         .any(|(n, _)| n.starts_with("demo-000005.") || n.starts_with("demo-000100.")));
 }
+
+/// Issue #11's worker test on tar shards: 8 shards scored by 2 workers with
+/// `--num-shards`, worker 0 killed (SIGKILL) once its first shard is done,
+/// then rerun; every sample is labelled once and the union equals one
+/// process scoring every shard, bit for bit. `filter --out-dir` keeps tar
+/// shards as tar shards of the clean samples' members.
+#[test]
+fn tar_shards_split_over_killed_and_resumed_workers_as_one_process() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    const SHARDS: usize = 8;
+    const SAMPLES: usize = 30;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("tars");
+    let shards: Vec<PathBuf> = (0..SHARDS)
+        .map(|k| {
+            let path = data.join(format!("shard-{k}.tar"));
+            write_tar(
+                &path,
+                &demo_members(k * SAMPLES..(k + 1) * SAMPLES, |_, m| Some(m)),
+            );
+            path
+        })
+        .collect();
+    let run = tmp.path().join("run");
+    let out = quick_fit(&data, &run, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out_dir = tmp.path().join("labels");
+    let worker = |index: usize| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ncclean"));
+        c.args(["score", p(&data), "--checkpoint", p(&run), "--out-dir"])
+            .arg(&out_dir)
+            .args(["--num-shards", "2", "--shard-index", &index.to_string()]);
+        c
+    };
+    let marker = |k: usize| out_dir.join(format!("shard-{k}.done.json"));
+
+    let mut w0 = worker(0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !marker(0).exists() && started.elapsed() < Duration::from_secs(300) {
+        if w0.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let _ = w0.kill();
+    w0.wait().unwrap();
+    let done_before = (0..SHARDS)
+        .step_by(2)
+        .filter(|&k| marker(k).exists())
+        .count();
+    assert!(
+        done_before >= 1,
+        "worker 0 finished no shard before the kill"
+    );
+    for index in [1, 0] {
+        let out = worker(index).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let mut union = Vec::new();
+    for k in 0..SHARDS {
+        assert!(marker(k).is_file(), "shard {k} has no marker");
+        union.extend(labels(&out_dir.join(format!("shard-{k}.parquet"))));
+    }
+    let mut seen: Vec<(String, u64)> = union
+        .iter()
+        .map(|l| (l.source_file.clone(), l.source_row))
+        .collect();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), SHARDS * SAMPLES, "every sample labelled once");
+    let one = tmp.path().join("one.parquet");
+    ok(&["score", p(&data), "--checkpoint", p(&run), "--out", p(&one)]);
+    let single = labels(&one);
+    let bits = |v: &[LabelRow]| -> Vec<(String, u64, Option<u32>, Option<u32>, bool)> {
+        v.iter()
+            .map(|l| {
+                (
+                    l.key.clone(),
+                    l.source_row,
+                    l.clean_prob.map(f32::to_bits),
+                    l.soft_label.map(f32::to_bits),
+                    l.is_clean,
+                )
+            })
+            .collect()
+    };
+    assert_eq!(bits(&union), bits(&single));
+
+    // Filtering per shard writes tar shards holding the clean samples.
+    let filtered = tmp.path().join("filtered");
+    ok(&[
+        "filter",
+        p(&data),
+        "--labels",
+        p(&out_dir),
+        "--out-dir",
+        p(&filtered),
+    ]);
+    for (k, shard) in shards.iter().enumerate() {
+        let out = filtered.join(format!("shard-{k}.tar"));
+        assert!(out.is_file(), "{} missing", out.display());
+        let shard_labels = labels(&out_dir.join(format!("shard-{k}.parquet")));
+        assert_eq!(
+            members_of(&out),
+            clean_members(std::slice::from_ref(shard), &shard_labels)
+        );
+    }
+}
