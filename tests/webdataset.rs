@@ -387,7 +387,8 @@ fn tar_shards_split_over_killed_and_resumed_workers_as_one_process() {
     let one = tmp.path().join("one.parquet");
     ok(&["score", p(&data), "--checkpoint", p(&run), "--out", p(&one)]);
     let single = labels(&one);
-    let bits = |v: &[LabelRow]| -> Vec<(String, u64, Option<u32>, Option<u32>, bool)> {
+    type Bits = (String, u64, Option<u32>, Option<u32>, bool);
+    let bits = |v: &[LabelRow]| -> Vec<Bits> {
         v.iter()
             .map(|l| {
                 (
