@@ -115,6 +115,8 @@ fn resume_refuses_a_different_command() {
         p(&data),
         "--out-dir",
         p(&run),
+        "--method",
+        "vanilla",
         "--config",
         config,
         "--epochs",
