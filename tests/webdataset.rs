@@ -124,14 +124,23 @@ fn tar_shards_are_labelled_and_filtered_like_the_same_pairs_in_parquet() {
     assert!(out.status.success(), "{}", stderr(&out));
     let from_pq = labels(&run_pq.join("labels.parquet"));
     let from_tar = labels(&run_tar.join("labels.parquet"));
+    // Division statistics are computed within each input file, so the same
+    // pairs in one tar shard (not two) must label exactly as one parquet.
+    let one_tar = tmp.path().join("one/all.tar");
+    write_tar(&one_tar, &demo_members(0..120, |_, m| Some(m)));
+    let run_one = tmp.path().join("run-one");
+    let out = quick_fit(&one_tar, &run_one, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let from_one = labels(&run_one.join("labels.parquet"));
 
     // Same pairs, same labels; keys are the member keys, rows the samples.
     assert_eq!(from_tar.len(), 120);
-    for (i, (a, b)) in from_pq.iter().zip(&from_tar).enumerate() {
+    for (i, ((a, b), c)) in from_pq.iter().zip(&from_tar).zip(&from_one).enumerate() {
         assert_eq!(a.key, b.key);
+        assert_eq!(a.key, c.key);
         assert_eq!(
             (a.clean_prob, a.is_clean),
-            (b.clean_prob, b.is_clean),
+            (c.clean_prob, c.is_clean),
             "row {i}"
         );
         let (shard, row) = if i < 70 { (0, i) } else { (1, i - 70) };
