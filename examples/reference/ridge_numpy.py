@@ -39,26 +39,10 @@ import sys
 
 import numpy as np
 
-
-def read_store(cache_dir, prefix):
-    """key -> row of the global f16 vectors, for the one store whose tower tag starts with prefix."""
-    for name in sorted(os.listdir(cache_dir)):
-        d = os.path.join(cache_dir, name)
-        tag_file = os.path.join(d, "tower.txt")
-        if not os.path.isfile(tag_file) or not open(tag_file).read().startswith(prefix):
-            continue
-        keys, vecs = [], []
-        for f in sorted(os.listdir(d)):
-            if not f.endswith(".keys") or f.startswith("."):
-                continue
-            stem = f[: -len(".keys")]
-            k = np.fromfile(os.path.join(d, f), dtype=np.uint8).reshape(-1, 16)
-            g = np.fromfile(os.path.join(d, stem + ".global.f16"), dtype="<f2")
-            keys.extend(bytes(row) for row in k)
-            vecs.append(g.reshape(len(k), -1))
-        table = np.concatenate(vecs).astype(np.float32)
-        return {k: i for i, k in enumerate(keys)}, table
-    sys.exit(f"no {prefix} store under {cache_dir}; run `ncclean fit` with --cache-dir first")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The cache reader and the metrics are vanilla_numpy.py's, so every reference
+# reads features and scores detection the same way.
+from vanilla_numpy import auroc_ap, read_store  # noqa: E402
 
 
 def unit(x):
@@ -100,27 +84,6 @@ def relative_lam(x, rel):
 def cosine_scores(x, y, model):
     w, mx, my = model
     return (unit((x - mx) @ w + my) * y).sum(1)
-
-
-def auroc_ap(score, positive):
-    """AUROC (rank statistic, ties averaged) and average precision of score for positive."""
-    order = np.argsort(score, kind="mergesort")
-    ranks = np.empty(len(score))
-    s = score[order]
-    i = 0
-    while i < len(s):
-        j = i
-        while j + 1 < len(s) and s[j + 1] == s[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    npos, nneg = positive.sum(), (~positive).sum()
-    auroc = (ranks[positive].sum() - npos * (npos + 1) / 2) / (npos * nneg)
-    desc = np.argsort(-score, kind="mergesort")
-    hits = positive[desc]
-    prec = np.cumsum(hits) / np.arange(1, len(hits) + 1)
-    ap = (prec * hits).sum() / npos
-    return float(auroc), float(ap)
 
 
 def two_means_cut(s, iters=100):

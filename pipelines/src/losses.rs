@@ -34,18 +34,34 @@ pub fn soft_margin(labels: &Tensor, alpha: f64, m: f64) -> Result<Tensor> {
     ((labels * m.ln())?.exp()? - 1.0)? * (alpha / (m - 1.0))
 }
 
+/// What both soft-margin hinges start from: `S_ii`, the margins `α̂`, and
+/// `S` with its diagonal pushed far down so that it never is the hardest
+/// negative. None for a batch of fewer than two pairs (no negatives).
+struct HingeParts {
+    d: Tensor,
+    margin: Tensor,
+    masked: Tensor,
+}
+
+fn hinge_parts(s: &Tensor, labels: &Tensor, alpha: f64, m: f64) -> Result<Option<HingeParts>> {
+    let n = s.dim(0)?;
+    if n < 2 {
+        return Ok(None);
+    }
+    Ok(Some(HingeParts {
+        d: diagonal(s)?,
+        margin: soft_margin(labels, alpha, m)?,
+        masked: (s - (Tensor::eye(n, s.dtype(), s.device())? * 1e4)?)?,
+    }))
+}
+
 /// VSE++ hardest-negative hinge with a per-pair soft margin:
 /// `L(i) = [α̂_i − S_ii + max_{j≠i} S_ij]+ + [α̂_i − S_ii + max_{j≠i} S_ji]+`.
 /// The query's own margin is used in both directions.
 pub fn soft_margin_hinge(s: &Tensor, labels: &Tensor, alpha: f64, m: f64) -> Result<Tensor> {
-    let n = s.dim(0)?;
-    if n < 2 {
-        return Tensor::zeros(n, s.dtype(), s.device());
-    }
-    let d = diagonal(s)?;
-    let margin = soft_margin(labels, alpha, m)?;
-    // Push the diagonal far down so it is never the hardest negative.
-    let masked = (s - (Tensor::eye(n, s.dtype(), s.device())? * 1e4)?)?;
+    let Some(HingeParts { d, margin, masked }) = hinge_parts(s, labels, alpha, m)? else {
+        return Tensor::zeros(s.dim(0)?, s.dtype(), s.device());
+    };
     let hardest_t = masked.max(D::Minus1)?;
     let hardest_i = masked.max(0)?;
     let base = (margin - d)?;
@@ -65,14 +81,9 @@ pub fn soft_margin_hinge(s: &Tensor, labels: &Tensor, alpha: f64, m: f64) -> Res
 /// The image→text hinge of a pair then no longer shrinks with the pair's own
 /// uncertain label, only the text→image one does.
 pub fn ncr_soft_margin_hinge(s: &Tensor, labels: &Tensor, alpha: f64, m: f64) -> Result<Tensor> {
-    let n = s.dim(0)?;
-    if n < 2 {
-        return Tensor::zeros(n, s.dtype(), s.device());
-    }
-    let d = diagonal(s)?;
-    let margin = soft_margin(labels, alpha, m)?;
-    // The diagonal pushed far down never wins a max, as in soft_margin_hinge.
-    let masked = (s - (Tensor::eye(n, s.dtype(), s.device())? * 1e4)?)?;
+    let Some(HingeParts { d, margin, masked }) = hinge_parts(s, labels, alpha, m)? else {
+        return Tensor::zeros(s.dim(0)?, s.dtype(), s.device());
+    };
     // cost[i, j] = α̂_j + S_ij: the margin travels with the caption (column).
     let cost = masked.broadcast_add(&margin.unsqueeze(0)?)?;
     let image_to_text = (cost.max(D::Minus1)? - &d)?.relu()?;

@@ -77,22 +77,8 @@ pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
         seed: a.seed,
         image_size: a.image_size,
     });
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("key", DataType::Utf8, false),
-        Field::new("image", DataType::Binary, false),
-        Field::new("caption", DataType::Utf8, false),
-        Field::new("colour", DataType::Utf8, false),
-        Field::new("shape", DataType::Utf8, false),
-        Field::new("position", DataType::Utf8, false),
-        Field::new("size", DataType::Utf8, false),
-    ]));
-    let mut meta = BTreeMap::new();
-    meta.insert(
-        "ncclean.version".to_string(),
-        env!("CARGO_PKG_VERSION").to_string(),
-    );
-    meta.insert("ncclean.demo.seed".to_string(), a.seed.to_string());
-    meta.insert("ncclean.demo.pairs".to_string(), a.pairs.to_string());
+    let schema = demo_schema(Field::new("image", DataType::Binary, false));
+    let meta = demo_metadata(&a);
     let mut w = AtomicParquetWriter::create(&path, schema.clone(), &meta)?;
     for chunk in pairs.chunks(ROW_GROUP) {
         let col = |f: &dyn Fn(&crate::demo::DemoPair) -> &str| -> ArrayRef {
@@ -122,6 +108,33 @@ pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
     Ok(())
 }
 
+/// The demo's columns around its image column (bytes or an embedding): key,
+/// image, caption, then the four attributes the caption names.
+fn demo_schema(image: Field) -> Arc<Schema> {
+    let text = |name: &str| Field::new(name, DataType::Utf8, false);
+    Arc::new(Schema::new(vec![
+        text("key"),
+        image,
+        text("caption"),
+        text("colour"),
+        text("shape"),
+        text("position"),
+        text("size"),
+    ]))
+}
+
+/// Footer metadata every demo file carries.
+fn demo_metadata(a: &DemoArgs) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "ncclean.version".to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        ),
+        ("ncclean.demo.seed".to_string(), a.seed.to_string()),
+        ("ncclean.demo.pairs".to_string(), a.pairs.to_string()),
+    ])
+}
+
 /// The rows of shard `k` of `n` over `pairs` (balanced, in order).
 fn shard_range(pairs: usize, n: usize, k: usize) -> std::ops::Range<usize> {
     let start = k * (pairs / n) + k.min(pairs % n);
@@ -133,26 +146,12 @@ fn shard_range(pairs: usize, n: usize, k: usize) -> std::ops::Range<usize> {
 fn write_embedding_shards(a: &DemoArgs, dim: usize, rep: &Reporter) -> Result<()> {
     use arrow_array::builder::{Float32Builder, ListBuilder};
     let gen = crate::demo::EmbeddingDemo::new(dim, a.seed);
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("key", DataType::Utf8, false),
-        Field::new(
-            "image_embedding",
-            DataType::List(Arc::new(Field::new("item", DataType::Float32, true))),
-            false,
-        ),
-        Field::new("caption", DataType::Utf8, false),
-        Field::new("colour", DataType::Utf8, false),
-        Field::new("shape", DataType::Utf8, false),
-        Field::new("position", DataType::Utf8, false),
-        Field::new("size", DataType::Utf8, false),
-    ]));
-    let mut meta = BTreeMap::new();
-    meta.insert(
-        "ncclean.version".to_string(),
-        env!("CARGO_PKG_VERSION").to_string(),
-    );
-    meta.insert("ncclean.demo.seed".to_string(), a.seed.to_string());
-    meta.insert("ncclean.demo.pairs".to_string(), a.pairs.to_string());
+    let schema = demo_schema(Field::new(
+        "image_embedding",
+        DataType::List(Arc::new(Field::new("item", DataType::Float32, true))),
+        false,
+    ));
+    let mut meta = demo_metadata(a);
     meta.insert("ncclean.demo.embedding_dim".to_string(), dim.to_string());
     for k in 0..a.shards {
         let path = if a.shards == 1 {
