@@ -168,7 +168,12 @@ pub fn stem_of(path: &Path) -> String {
 
 /// Expand `data` and the paths of `files_from`, sort them by path, check
 /// that their stems are distinct, and return this worker's part.
-pub fn select(data: &[PathBuf], files_from: Option<&Path>, split: &Split) -> Result<Vec<Shard>> {
+pub fn select(
+    data: &[PathBuf],
+    how: data::Discovery,
+    files_from: Option<&Path>,
+    split: &Split,
+) -> Result<Vec<Shard>> {
     let mut given = data.to_vec();
     if let Some(list) = files_from {
         given.extend(read_list(list)?);
@@ -178,7 +183,7 @@ pub fn select(data: &[PathBuf], files_from: Option<&Path>, split: &Split) -> Res
             "no inputs: give shard paths, directories or globs, or --files-from FILE".into(),
         ));
     }
-    let mut paths = data::expand_inputs(&given)?;
+    let mut paths = data::expand_inputs(&given, how)?;
     // Sorted, so the split does not depend on the order inputs were given in.
     paths.sort();
     let mut seen = std::collections::BTreeMap::new();
@@ -419,6 +424,10 @@ pub fn run(
 mod tests {
     use super::*;
 
+    fn none() -> data::Discovery {
+        data::Discovery::default()
+    }
+
     #[test]
     fn stems_drop_the_format_extensions() {
         assert_eq!(stem_of(Path::new("a/part-0001.parquet")), "part-0001");
@@ -460,7 +469,7 @@ mod tests {
         .unwrap();
         let b = dir.path().join("b.parquet");
         let stems = |s: &Split| -> Vec<String> {
-            select(std::slice::from_ref(&b), Some(&list), s)
+            select(std::slice::from_ref(&b), none(), Some(&list), s)
                 .unwrap()
                 .into_iter()
                 .map(|s| s.stem)
@@ -473,18 +482,24 @@ mod tests {
         let sub = dir.path().join("sub");
         std::fs::create_dir(&sub).unwrap();
         std::fs::write(sub.join("a.tar"), b"x").unwrap();
-        let e = select(&[a.clone(), sub.join("a.tar")], None, &Split::all()).unwrap_err();
+        let e = select(&[a.clone(), sub.join("a.tar")], none(), None, &Split::all()).unwrap_err();
         assert!(matches!(e, Error::InvalidInput(_)), "{e}");
         assert!(e.to_string().contains("distinct file names"), "{e}");
 
         let empty = dir.path().join("empty.txt");
         std::fs::write(&empty, "\n# nothing\n").unwrap();
-        let e = select(&[], Some(&empty), &Split::all()).unwrap_err();
+        let e = select(&[], none(), Some(&empty), &Split::all()).unwrap_err();
         assert!(e.to_string().contains("lists no paths"), "{e}");
-        let e = select(&[], Some(&dir.path().join("missing.txt")), &Split::all()).unwrap_err();
+        let e = select(
+            &[],
+            none(),
+            Some(&dir.path().join("missing.txt")),
+            &Split::all(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("cannot open it"), "{e}");
         std::fs::write(&empty, b"\xff\xfe\n").unwrap();
-        let e = select(&[], Some(&empty), &Split::all()).unwrap_err();
+        let e = select(&[], none(), Some(&empty), &Split::all()).unwrap_err();
         assert!(e.to_string().contains("line 1 is not valid UTF-8"), "{e}");
     }
 

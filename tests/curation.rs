@@ -207,3 +207,61 @@ fn json_logs_have_time_level_and_one_based_epochs() {
         "{err}"
     );
 }
+
+/// Issue #14 item 9: `dir*/0000?.parquet` exited 1 (wildcards were only
+/// read in the file name), directories were never searched below their top
+/// level, and hidden files were read by globs but not by directories.
+#[test]
+fn globs_in_any_component_recursive_directories_and_hidden_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let demo = common::demo(&tmp.path().join("demo"), 60);
+    for rel in [
+        "shards/dir1/00000.parquet",
+        "shards/dir1/.00001.parquet",
+        "shards/dir2/00000.parquet",
+        "shards/dir2/deeper/00002.parquet",
+    ] {
+        let to = tmp.path().join(rel);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&demo, &to).unwrap();
+    }
+    let files = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["inspect", "--json"];
+        all.extend_from_slice(args);
+        let v: serde_json::Value = serde_json::from_str(&common::ok(&all)).unwrap();
+        v["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                let name = f["path"]
+                    .as_str()
+                    .or(f["file"].as_str())
+                    .unwrap_or_default();
+                name.rsplit("shards/").next().unwrap().to_string()
+            })
+            .collect()
+    };
+    let root = tmp.path().join("shards");
+    let glob = root.join("dir*/0000?.parquet");
+    assert_eq!(
+        files(&[common::p(&glob)]),
+        ["dir1/00000.parquet", "dir2/00000.parquet"]
+    );
+    assert_eq!(
+        files(&[common::p(&root.join("dir2"))]),
+        ["dir2/00000.parquet"]
+    );
+    assert_eq!(
+        files(&[common::p(&root), "--recursive"]),
+        [
+            "dir1/00000.parquet",
+            "dir2/00000.parquet",
+            "dir2/deeper/00002.parquet"
+        ]
+    );
+    let out = common::ncclean(&["inspect", common::p(&root)]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("add --recursive"), "{err}");
+}

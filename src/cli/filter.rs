@@ -182,7 +182,7 @@ fn file_sha256(path: &Path) -> Result<String> {
 /// `--out-dir`: one filtered shard and marker per input shard. `--labels`
 /// is one file for all shards, or a directory of per-shard labels.
 fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
-    let shards = a.shards.select(&a.data.data)?;
+    let shards = a.shards.select(&a.data.data, a.data.discovery())?;
     crate::shards::prepare_out_dir(dir, &shards)?;
     let per_shard = a.labels.is_dir();
     let labels_of = |stem: &str| -> PathBuf {
@@ -204,7 +204,7 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         Some(l) => Ok(l.iter().filter_map(|l| l.clean_prob).collect()),
         None => {
             let mut probs = Vec::new();
-            for s in a.shards.select_all(&a.data.data)? {
+            for s in a.shards.select_all(&a.data.data, a.data.discovery())? {
                 let (l, _) = data::read_labels(&labels_of(&s.stem))?;
                 probs.extend(l.iter().filter_map(|l| l.clean_prob));
             }

@@ -100,6 +100,12 @@ pub struct DataArgs {
     /// json:key; samples without it keep the member name).
     #[arg(long, value_name = "name|json:FIELD")]
     pub key_from: Option<crate::data::KeyFrom>,
+    /// Search directories given as DATA (and directories a glob matches)
+    /// through all their subdirectories, not only their top level. Hidden
+    /// files and directories (names starting with `.`) are skipped either
+    /// way; name one explicitly to read it.
+    #[arg(long, short = 'r')]
+    pub recursive: bool,
 }
 
 impl DataArgs {
@@ -115,6 +121,14 @@ impl DataArgs {
             image_limits: ImageLimits::default(),
             caption_from: self.caption_from.clone(),
             key_from: self.key_from.clone(),
+            recursive: self.recursive,
+        }
+    }
+
+    /// How directories and globs among DATA are searched.
+    pub fn discovery(&self) -> crate::data::Discovery {
+        crate::data::Discovery {
+            recursive: self.recursive,
         }
     }
 
@@ -183,19 +197,28 @@ impl ShardArgs {
     }
 
     /// Every worker's shards of `data` and `--files-from`, in order.
-    pub fn select_all(&self, data: &[PathBuf]) -> Result<Vec<crate::shards::Shard>> {
+    pub fn select_all(
+        &self,
+        data: &[PathBuf],
+        how: crate::data::Discovery,
+    ) -> Result<Vec<crate::shards::Shard>> {
         crate::shards::select(
             data,
+            how,
             self.files_from.as_deref(),
             &crate::shards::Split::all(),
         )
     }
 
     /// This worker's shards of `data` and `--files-from`.
-    pub fn select(&self, data: &[PathBuf]) -> Result<Vec<crate::shards::Shard>> {
+    pub fn select(
+        &self,
+        data: &[PathBuf],
+        how: crate::data::Discovery,
+    ) -> Result<Vec<crate::shards::Shard>> {
         let split =
             crate::shards::Split::new(self.num_shards.unwrap_or(1), self.shard_index.unwrap_or(0))?;
-        crate::shards::select(data, self.files_from.as_deref(), &split)
+        crate::shards::select(data, how, self.files_from.as_deref(), &split)
     }
 }
 

@@ -192,7 +192,7 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
 
 /// `--out-dir`: one labels file and marker per input shard.
 fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Result<()> {
-    let shards = a.shards.select(&a.data.data)?;
+    let shards = a.shards.select(&a.data.data, a.data.discovery())?;
     shards::prepare_out_dir(dir, &shards)?;
     let opts = a.data.options_with(&a.images);
     let cache = a.cache.options();

@@ -1,7 +1,6 @@
 //! Opening the user's parquet inputs: expanding paths, validating footers and
 //! columns up front, then streaming pairs or whole batches.
 
-use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -26,9 +25,9 @@ use crate::images::ImageBase;
 const EMBEDDING_SAMPLE_ROWS: usize = 1024;
 
 impl InputSet {
-    /// Expand `inputs` (files, directories of `*.parquet` or `*.tar` sorted
-    /// by name, or simple globs with `*`/`?` in the file name), read every
-    /// footer, and detect and validate the columns.
+    /// Expand `inputs` (files, directories of `*.parquet` or `*.tar`, or
+    /// globs; see [`super::Discovery`]), read every footer, and detect and
+    /// validate the columns.
     ///
     /// Files named `*.tar` are webdataset shards (see `--caption-from`):
     /// each one's headers are scanned to count its samples. One set is all
@@ -40,7 +39,7 @@ impl InputSet {
     /// naming the file. Only footers are read (plus, for variable-length
     /// embeddings, the first rows of one column).
     pub fn open(inputs: &[PathBuf], opts: &ColumnOptions) -> Result<InputSet> {
-        let paths = expand_inputs(inputs)?;
+        let paths = super::expand_inputs(inputs, opts.discovery())?;
         let tars = paths.iter().filter(|p| webdataset::is_tar(p)).count();
         if tars > 0 {
             if let Some(p) = paths.iter().find(|p| !webdataset::is_tar(p)) {
@@ -218,106 +217,6 @@ impl InputSet {
         };
         ImageBase::new(dir, self.image_limits.allow_absolute_paths)
     }
-}
-
-/// Files named by the user, in the order given; directories and globs expand
-/// to their matches sorted by name, so the row order is reproducible.
-pub(crate) fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    for input in inputs {
-        let name = input
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        if name.contains('*') || name.contains('?') {
-            let dir = input
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            let matches = list_dir(dir, |n| wildcard_match(&name, n))?;
-            if matches.is_empty() {
-                return Err(invalid(format!(
-                    "{}: no files match; expected parquet files or tar shards",
-                    input.display()
-                )));
-            }
-            out.extend(matches);
-        } else if input.is_dir() {
-            // img2dataset's webdataset output puts a metadata parquet (no
-            // images) beside each tar: a directory with tars is read as tars.
-            let ending = |suffix: &'static str| {
-                move |n: &str| !n.starts_with('.') && n.to_ascii_lowercase().ends_with(suffix)
-            };
-            let mut matches = list_dir(input, ending(".tar"))?;
-            if matches.is_empty() {
-                matches = list_dir(input, ending(".parquet"))?;
-            }
-            if matches.is_empty() {
-                return Err(invalid(format!(
-                    "{}: directory has no *.parquet or *.tar files",
-                    input.display()
-                )));
-            }
-            out.extend(matches);
-        } else if input.exists() {
-            out.push(input.clone());
-        } else {
-            return Err(invalid(format!(
-                "{}: no such file or directory; expected a parquet file or tar shard, a directory of them or a glob",
-                input.display()
-            )));
-        }
-    }
-    // A file listed twice would count its rows twice.
-    let mut seen = HashSet::new();
-    for p in &out {
-        let id = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
-        if !seen.insert(id) {
-            return Err(invalid(format!(
-                "{}: given more than once; each input file may appear only once",
-                p.display()
-            )));
-        }
-    }
-    Ok(out)
-}
-
-/// Regular files of `dir` whose names pass `keep`, sorted by name.
-fn list_dir(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<PathBuf>> {
-    let entries = std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))?;
-    let mut names = BTreeMap::new();
-    for entry in entries {
-        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if keep(&name) && entry.path().is_file() {
-            names.insert(name, entry.path());
-        }
-    }
-    Ok(names.into_values().collect())
-}
-
-/// `*` matches any run of characters, `?` exactly one.
-fn wildcard_match(pattern: &str, name: &str) -> bool {
-    let p: Vec<char> = pattern.chars().collect();
-    let n: Vec<char> = name.chars().collect();
-    let (mut pi, mut ni) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ni < n.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
-            pi += 1;
-            ni += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ni));
-            pi += 1;
-        } else if let Some((sp, sn)) = star {
-            pi = sp + 1;
-            ni = sn + 1;
-            star = Some((sp, sn + 1));
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|&c| c == '*')
 }
 
 /// Validate one file from its footer alone.

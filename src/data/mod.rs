@@ -6,6 +6,7 @@
 //! paths or precomputed embeddings, and decoding them is the encoders' job.
 
 mod columns;
+mod discover;
 mod filter;
 mod input;
 mod labels;
@@ -22,9 +23,10 @@ use std::path::PathBuf;
 use crate::images::ImageLimits;
 
 pub use columns::{image_columns, resolve_columns};
+pub(crate) use discover::expand_inputs;
+pub use discover::Discovery;
 pub(crate) use filter::check_same_schema;
 pub use filter::{write_filtered, write_filtered_as, FilterSummary, OutputFormat};
-pub(crate) use input::expand_inputs;
 pub use labels::{read_labels, write_labels, LabelRow, LabelsWriter, RowStatus};
 pub(crate) use rows::{bytes_at, plain, string_at};
 pub use webdataset::{
@@ -82,6 +84,19 @@ pub struct ColumnOptions {
     /// default the member name).
     #[serde(default)]
     pub key_from: Option<KeyFrom>,
+    /// Search directories' subdirectories for input files too
+    /// (`--recursive`).
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+impl ColumnOptions {
+    /// How directories and globs among the inputs are searched.
+    pub fn discovery(&self) -> Discovery {
+        Discovery {
+            recursive: self.recursive,
+        }
+    }
 }
 
 /// How an input file stores its pairs.
