@@ -151,10 +151,14 @@ fn cuts(h: &mut String, cuts: &[Cut]) {
          <th>kept fraction</th><th>expected precision</th><th>noise removed</th></tr>",
     );
     for c in cuts {
-        let cut = if c.min_prob.is_finite() {
-            format!("{:.4}", c.min_prob)
-        } else {
+        // Cuts among the near-zero probabilities of clear noise would all
+        // read 0.0000 with four decimals.
+        let cut = if !c.min_prob.is_finite() {
             "none kept".into()
+        } else if c.min_prob > 0.0 && c.min_prob < 1e-3 {
+            format!("{:.2e}", c.min_prob)
+        } else {
+            format!("{:.4}", c.min_prob)
         };
         let _ = write!(
             h,
