@@ -351,6 +351,60 @@ fn near(p: &image::Rgb<u8>, c: plotters::style::RGBColor, tol: i32) -> bool {
     d(p[0], c.0) <= tol && d(p[1], c.1) <= tol && d(p[2], c.2) <= tol
 }
 
+/// What a screenshot of a report shows.
+#[derive(Debug)]
+struct Seen {
+    /// Pixels that are (nearly) white.
+    white: usize,
+    /// Pixels of the histogram bars' colour.
+    bar_pixels: usize,
+    /// Bar pixels in the left and in the right half of the page.
+    bars_left: bool,
+    bars_right: bool,
+    /// Vertical bands (gaps over 40 rows apart) holding bar pixels.
+    bands: usize,
+    /// Pixels of the clean and the noisy component's colour among the charts.
+    clean_curve: usize,
+    noisy_curve: usize,
+    /// Tinted pixels below the charts, where the pictures are.
+    tinted_below: usize,
+}
+
+fn look(img: &image::RgbImage) -> Seen {
+    let (w, h) = img.dimensions();
+    let all = |y0: u32, y1: u32| (y0..y1).flat_map(move |y| (0..w).map(move |x| (x, y)));
+    let bar_at = |x: u32, y: u32| near(img.get_pixel(x, y), ncclean::report::BAR, 6);
+    let rows_with_bars: Vec<u32> = (0..h).filter(|&y| (0..w).any(|x| bar_at(x, y))).collect();
+    let last_bar = rows_with_bars.last().copied().unwrap_or(0);
+    let curve = |c| {
+        all(0, last_bar + 1)
+            .filter(|&(x, y)| near(img.get_pixel(x, y), c, 40))
+            .count()
+    };
+    Seen {
+        white: img
+            .pixels()
+            .filter(|p| p.0.iter().all(|&v| v > 245))
+            .count(),
+        bar_pixels: all(0, h).filter(|&(x, y)| bar_at(x, y)).count(),
+        bars_left: all(0, h).any(|(x, y)| x < w / 2 && bar_at(x, y)),
+        bars_right: all(0, h).any(|(x, y)| x >= w / 2 && bar_at(x, y)),
+        bands: usize::from(!rows_with_bars.is_empty())
+            + rows_with_bars
+                .windows(2)
+                .filter(|p| p[1] - p[0] > 40)
+                .count(),
+        clean_curve: curve(ncclean::report::CLEAN),
+        noisy_curve: curve(ncclean::report::NOISY),
+        tinted_below: all((last_bar + 400).min(h), h)
+            .filter(|&(x, y)| {
+                let p = img.get_pixel(x, y).0;
+                p.iter().max().unwrap() - p.iter().min().unwrap() >= 8
+            })
+            .count(),
+    }
+}
+
 #[test]
 fn report_screenshot_shows_charts_and_pictures() {
     let Some(browser) = chromium() else {
@@ -367,63 +421,81 @@ fn report_screenshot_shows_charts_and_pictures() {
     let (w, h) = (1280u32, 3000u32);
     let img = screenshot(&browser, &page, &tmp.path().join("shot.png"), w, h);
     assert_eq!(img.dimensions(), (w, h));
+    let seen = look(&img);
+    eprintln!("screenshot: {seen:?}");
+    assert!(
+        seen.white < (w * h) as usize * 97 / 100,
+        "the page is (nearly) blank: {seen:?}"
+    );
+    // The clean_prob and similarity histograms side by side, the
+    // statistic's histogram below them.
+    assert!(seen.bars_left && seen.bars_right, "{seen:?}");
+    assert!(seen.bands >= 2 && seen.bar_pixels > 2000, "{seen:?}");
+    // The fitted components over the statistic's histogram.
+    assert!(seen.clean_curve > 30 && seen.noisy_curve > 30, "{seen:?}");
+    // Pictures below the charts: the demo's backgrounds are pastels (each
+    // channel a grey ± 15) under coloured shapes, where the page's text and
+    // borders are neutral greys. 24 thumbnails of 64 × 64 pixels.
+    let pictures = 24 * 64 * 64;
+    assert!(seen.tinted_below > pictures / 4, "{seen:?}");
 
-    let white = img
-        .pixels()
-        .filter(|p| p.0.iter().all(|&v| v > 245))
-        .count();
+    // The same page without its pictures (the input moved away) has none
+    // of that tint: the measure sees the pictures, not the text.
+    std::fs::rename(
+        tmp.path().join("noisy.parquet"),
+        tmp.path().join("moved.parquet"),
+    )
+    .unwrap();
+    report(&run, &page, &[]);
+    let bare = look(&screenshot(
+        &browser,
+        &page,
+        &tmp.path().join("bare.png"),
+        w,
+        h,
+    ));
+    eprintln!("without pictures: {bare:?}");
+    assert!(bare.tinted_below < pictures / 40, "{bare:?}");
+    assert!(bare.bands >= 2, "{bare:?}");
+}
+
+#[test]
+fn a_division_that_fell_back_is_said_and_not_drawn() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = hand_made_run(tmp.path(), &PROBS, &[], false);
+    let record = |mixture: serde_json::Value, fallback: serde_json::Value| {
+        serde_json::json!({"epochs": [], "division": {
+            "statistic": null,
+            "division": {"kind": "bmm", "side": "low_mean",
+                         "normaliser": {"min": 0.0, "max": 2.0}, "mixture": mixture,
+                         "clean_component": 0, "fallback": fallback,
+                         "iterations": 10, "converged": true},
+            "histogram": {"lo": 0.0, "hi": 1.0, "counts": [3, 0, 1, 2]},
+        }})
+    };
+    std::fs::write(
+        run.join("stats.json"),
+        record(serde_json::Value::Null, serde_json::json!("constant")).to_string(),
+    )
+    .unwrap();
+    let (summary, html) = report(&run, &tmp.path().join("r.html"), &[]);
+    assert_eq!(summary["mixture_drawn"], false);
     assert!(
-        white < img.pixels().len() * 97 / 100,
-        "the page is (nearly) blank: {white} white pixels"
+        html.contains("Every pair had the same statistic"),
+        "no note"
     );
-    // Bars: the clean_prob and similarity histograms side by side, the
-    // statistic histogram below them.
-    let bar_at = |x: u32, y: u32| near(img.get_pixel(x, y), ncclean::report::BAR, 6);
-    let rows_with_bars: Vec<u32> = (0..h).filter(|&y| (0..w).any(|x| bar_at(x, y))).collect();
-    assert!(!rows_with_bars.is_empty(), "no histogram bar drawn");
-    let left = (0..h).any(|y| (0..w / 2).any(|x| bar_at(x, y)));
-    let right = (0..h).any(|y| (w / 2..w).any(|x| bar_at(x, y)));
-    assert!(left && right, "the histograms are not side by side");
-    let bands = 1 + rows_with_bars
-        .windows(2)
-        .filter(|p| p[1] - p[0] > 40)
-        .count();
-    assert!(bands >= 2, "expected two rows of histograms, got {bands}");
-    let bar_pixels = (0..h)
-        .flat_map(|y| (0..w).map(move |x| (x, y)))
-        .filter(|&(x, y)| bar_at(x, y))
-        .count();
-    assert!(bar_pixels > 2000, "only {bar_pixels} bar pixels");
-    // The fitted components are drawn over the statistic's histogram
-    // (counted among the charts only: the pictures below have colours too).
-    let last_bar = *rows_with_bars.last().unwrap();
-    for (name, colour) in [
-        ("clean", ncclean::report::CLEAN),
-        ("noisy", ncclean::report::NOISY),
-    ] {
-        let n = (0..=last_bar)
-            .flat_map(|y| (0..w).map(move |x| (x, y)))
-            .filter(|&(x, y)| near(img.get_pixel(x, y), colour, 40))
-            .count();
-        assert!(n > 30, "the {name} component curve has {n} pixels");
-    }
-    // Pictures: the demo's coloured shapes, below the charts (the charts
-    // draw only white, greys and the three chart colours).
-    let colourful = (last_bar + 400..h)
-        .flat_map(|y| (0..w).map(move |x| (x, y)))
-        .filter(|&(x, y)| {
-            let p = img.get_pixel(x, y);
-            let (lo, hi) = (p.0.iter().min().unwrap(), p.0.iter().max().unwrap());
-            hi - lo > 80
-        })
-        .count();
-    eprintln!(
-        "screenshot: {white} white pixels of {}, {bar_pixels} bar pixels in {bands} bands, \
-         {colourful} colourful pixels below the charts",
-        img.pixels().len()
-    );
-    assert!(
-        colourful > 5000,
-        "only {colourful} colourful pixels where the pictures should be"
-    );
+    assert!(html.contains("division statistic and the fitted mixture"));
+    assert!(!html.contains("clean component"));
+    // The same record with a fitted Beta mixture draws both components.
+    let bmm = serde_json::json!({"kind": "bmm", "weights": [0.7, 0.3],
+                                 "alphas": [2.0, 5.0], "betas": [5.0, 2.0]});
+    std::fs::write(
+        run.join("stats.json"),
+        record(bmm, serde_json::Value::Null).to_string(),
+    )
+    .unwrap();
+    let (summary, html) = report(&run, &tmp.path().join("r.html"), &[]);
+    assert_eq!(summary["mixture_drawn"], true);
+    assert!(html.contains("Two-component Beta mixture"));
+    assert!(html.contains("clean component") && html.contains("noisy component"));
 }

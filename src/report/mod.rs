@@ -33,6 +33,8 @@ pub use run::{load, RunRecord};
 pub use select::{pick, Picks};
 pub use thumbs::{data_uri, thumbnail, Shown, Source, THUMB_PX};
 
+use ncclean_pipelines::division::{Fallback, MixtureKind};
+
 use crate::data::RowStatus;
 use crate::error::Result;
 use crate::threshold::{self, percent, Rule};
@@ -145,8 +147,8 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
             let overlay = record.overlay(OVERLAY_POINTS);
             mixture_drawn = overlay.is_some();
             let family = match record.division.kind {
-                ncclean_pipelines::division::MixtureKind::Gmm => "Gaussian",
-                ncclean_pipelines::division::MixtureKind::Bmm => "Beta",
+                MixtureKind::Gmm => "Gaussian",
+                MixtureKind::Bmm => "Beta",
             };
             page.distributions.push(Chart {
                 svg: plots::histogram_svg(&plots::Bars {
@@ -167,15 +169,7 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
                 ),
             });
             if let Some(f) = &record.division.fallback {
-                notes.push(format!(
-                    "The mixture fit fell back ({}): {}",
-                    serde_json::to_string(f).unwrap_or_default(),
-                    if overlay.is_some() {
-                        "non-finite statistics were left out of it"
-                    } else {
-                        "no mixture was fitted, so every pair got clean_prob 1"
-                    }
-                ));
+                notes.push(fallback_note(f));
             }
         }
         None => notes.push(
@@ -288,6 +282,26 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
     Ok((page, summary))
 }
 
+/// A division's fallback in words for the page.
+fn fallback_note(f: &Fallback) -> String {
+    let unfitted = "no mixture was fitted, so every pair got clean_prob 1 \
+                    (no evidence of noise is no reason to drop data)";
+    match f {
+        Fallback::TooFew { n } => {
+            format!("The division saw only {n} finite statistics, too few for a mixture: {unfitted}.")
+        }
+        Fallback::Constant => {
+            format!("Every pair had the same statistic, so there was nothing to divide: {unfitted}.")
+        }
+        Fallback::Collapsed { weight } => format!(
+            "The mixture collapsed (one component's weight fell to {weight:.1e}): {unfitted}."
+        ),
+        Fallback::NonFinite { count } => format!(
+            "{count} pairs had a non-finite statistic: they were left out of the mixture and got clean_prob 0.5."
+        ),
+    }
+}
+
 /// The summary lines at the top of the page.
 fn facts(run: &RunRecord, probs: &[f32]) -> Vec<(String, String)> {
     let rows = run.labels.len();
@@ -323,4 +337,24 @@ fn facts(run: &RunRecord, probs: &[f32]) -> Vec<(String, String)> {
         facts.push(("seed".into(), seed.to_string()));
     }
     facts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fallbacks_read_as_sentences() {
+        let n = fallback_note(&Fallback::TooFew { n: 3 });
+        assert!(
+            n.starts_with("The division saw only 3 finite statistics"),
+            "{n}"
+        );
+        assert!(n.contains("every pair got clean_prob 1"), "{n}");
+        let n = fallback_note(&Fallback::Collapsed { weight: 0.0004 });
+        assert!(n.contains("weight fell to 4.0e-4"), "{n}");
+        let n = fallback_note(&Fallback::NonFinite { count: 2 });
+        assert!(n.starts_with("2 pairs had a non-finite statistic"), "{n}");
+        assert!(!fallback_note(&Fallback::Constant).contains('{'));
+    }
 }
