@@ -47,6 +47,9 @@ pub const DEFAULT_PER_GROUP: usize = 8;
 pub const MAX_PER_GROUP: usize = 100;
 /// Kept fractions of the threshold table.
 pub const KEEP_FRACTIONS: [f64; 7] = [1.0, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5];
+/// Longest caption shown, in characters: a caption column can hold
+/// anything, and the page should stay readable and small.
+pub const MAX_CAPTION_CHARS: usize = 400;
 /// Points at which the mixture's components are drawn.
 const OVERLAY_POINTS: usize = 201;
 
@@ -253,7 +256,7 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
                 key: l.key.clone(),
                 clean_prob: l.clean_prob.unwrap_or(f32::NAN),
                 similarity: l.similarity,
-                caption: s.caption,
+                caption: s.caption.map(|c| shorten(&c, MAX_CAPTION_CHARS)),
                 image: s.image,
             });
         }
@@ -280,6 +283,14 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
         mixture_drawn,
     };
     Ok((page, summary))
+}
+
+/// `s` cut to at most `max` characters, an ellipsis saying it was cut.
+fn shorten(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &s[..end]),
+        None => s.to_string(),
+    }
 }
 
 /// A division's fallback in words for the page.
@@ -342,6 +353,14 @@ fn facts(run: &RunRecord, probs: &[f32]) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_captions_are_cut_at_a_character_boundary() {
+        assert_eq!(shorten("abc", 3), "abc");
+        assert_eq!(shorten("abcd", 3), "abc…");
+        assert_eq!(shorten("ééééé", 2), "éé…");
+        assert_eq!(shorten("", 2), "");
+    }
 
     #[test]
     fn fallbacks_read_as_sentences() {
