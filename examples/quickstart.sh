@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole ncclean loop on generated data, from a fresh checkout:
-# demo data -> inject 30% noise -> fit -> evaluate -> score again -> filter.
+# demo data -> inject 30% noise -> fit -> evaluate -> score again -> filter -> report.
 # Usage: bash examples/quickstart.sh [OUT_DIR] [PAIRS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,4 +22,6 @@ $bin eval --labels "$out/run/labels.parquet" --truth "$out/noisy.parquet"
 echo "--- scoring again through the checkpoint"
 $bin score "$out/noisy.parquet" --checkpoint "$out/run" --out "$out/scored.parquet"
 $bin filter "$out/noisy.parquet" --labels "$out/run/labels.parquet" --keep-fraction 0.7 --out "$out/top70.parquet"
-echo "outputs in $out/: run/labels.parquet, run/filtered.parquet, run/stats.json, scored.parquet, top70.parquet"
+echo "--- the run's report (distributions, mixture, thresholds, example pairs)"
+$bin report "$out/run"
+echo "outputs in $out/: run/labels.parquet, run/filtered.parquet, run/stats.json, run/report.html, scored.parquet, top70.parquet"

@@ -21,6 +21,7 @@ pub mod interrupt;
 pub mod metrics;
 pub(crate) mod parallel;
 pub mod progress;
+pub mod report;
 pub mod retrieval;
 pub mod rundir;
 pub mod shards;

@@ -17,6 +17,7 @@ mod filter;
 mod fit;
 mod gpu_check;
 mod inspect;
+mod report;
 mod score;
 mod towers;
 
@@ -59,6 +60,8 @@ enum Command {
     Filter(filter::FilterArgs),
     /// Detection metrics against ground truth (AUROC, AP, P/R/F1), or retrieval R@K of a checkpoint (--retrieval).
     Eval(eval::EvalArgs),
+    /// Write a self-contained HTML report of a run: distributions, the fitted mixture, training curves, thresholds, example pairs.
+    Report(report::ReportArgs),
     /// List the pretrained towers installed here (MobileNetV2, MiniLM, CLIP) and the flags that use them.
     Towers(towers::TowersArgs),
     /// Measure a GPU machine: CPU/CUDA parity, decode and tower throughput, training speed (JSON).
@@ -376,6 +379,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Score(a) => score::run(a, &rep),
         Command::Filter(a) => filter::run(a, &rep),
         Command::Eval(a) => eval::run(a, &rep),
+        Command::Report(a) => report::run(a, &rep),
         Command::Towers(a) => towers::run(a, &rep),
         Command::GpuCheck(a) => gpu_check::run(a, &rep),
     }

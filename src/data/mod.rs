@@ -29,6 +29,7 @@ pub(crate) use filter::check_same_schema;
 pub use filter::{write_filtered, write_filtered_as, FilterSummary, OutputFormat};
 pub use labels::{read_labels, write_labels, LabelRow, LabelsWriter, RowStatus};
 pub(crate) use rows::{bytes_at, plain, string_at};
+pub(crate) use webdataset::is_tar;
 pub use webdataset::{
     schema as tar_schema, write_filtered_tar, write_filtered_tar_shard, CaptionFrom, KeyFrom,
     TarLayout, MAX_TEXT_MEMBER_BYTES,

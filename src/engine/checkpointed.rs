@@ -45,6 +45,10 @@ pub struct Scored {
     pub seconds: f64,
     /// Fraction of usable pairs called noisy.
     pub estimated_noise_rate: f64,
+    /// The raw division statistic of every scored pair (in the order of
+    /// the usable rows): what `fit` summarises for the report's mixture
+    /// plot.
+    pub statistic: Vec<f32>,
 }
 
 impl Engine {
@@ -195,6 +199,7 @@ impl Engine {
             pairs: prepared.ok.len(),
             seconds,
             estimated_noise_rate: Division::estimated_noise_rate(&scores.clean_prob),
+            statistic: scores.statistic,
         })
     }
 

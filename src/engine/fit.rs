@@ -78,6 +78,11 @@ pub struct FitSummary {
     pub filtered_dropped: usize,
     /// CPU threads of candle's matmuls and other ops (timings depend on it).
     pub threads: crate::threads::ThreadSettings,
+    /// The final division's mixture and a histogram of the statistic it was
+    /// fitted on, for `ncclean report`; absent when the checkpoint holds no
+    /// division.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub division: Option<crate::report::DivisionRecord>,
 }
 
 /// Train `opts.method` on `input`, write the run directory and return a summary.
@@ -259,6 +264,7 @@ pub fn fit(
         filtered_rows: filtered.rows_out,
         filtered_dropped: filtered.dropped,
         threads: crate::threads::current(),
+        division: crate::report::DivisionRecord::of(&engine.state.pipeline, &scored.statistic),
     };
     let stats_json = serde_json::to_vec_pretty(&summary).context("serialising stats")?;
     data::write_atomic(&out.join("stats.json"), &stats_json)?;

@@ -166,6 +166,18 @@ impl Mixture {
         }
     }
 
+    /// Weighted densities `w_k · f_k(x)` of both components at the
+    /// normalised score `x` (a BMM clips `x` into the open interval, as its
+    /// fit did): the curves a report draws over a histogram of the
+    /// normalised scores, from the same formulas EM used.
+    pub fn weighted_densities(&self, x: f64) -> [f64; 2] {
+        let log_probs = match self.density() {
+            Density::Gmm(g) => g.weighted_log_probs(x),
+            Density::Bmm(b) => b.weighted_log_probs(x),
+        };
+        log_probs.map(f64::exp)
+    }
+
     /// The densities, ready to evaluate many scores.
     fn density(&self) -> Density<'_> {
         match self {
@@ -455,6 +467,35 @@ fn responsibilities(log_probs: [f64; 2]) -> ([f64; 2], f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn weighted_densities_are_the_weighted_component_pdfs() {
+        // N(0.2, 0.01) at its mean: 1/sqrt(2*pi*0.01) = 3.989423; N(0.8,
+        // 0.04) one sd (0.2) from its mean: exp(-0.5)/sqrt(2*pi*0.04) =
+        // 1.209854. Both weighted by 0.5.
+        let g = Mixture::Gmm(Gmm {
+            weights: [0.5, 0.5],
+            means: [0.2, 0.8],
+            variances: [0.01, 0.04],
+        });
+        let d = g.weighted_densities(0.2);
+        assert!((d[0] - 0.5 * 3.989_423).abs() < 1e-5, "{d:?}");
+        let d = g.weighted_densities(0.6);
+        assert!((d[1] - 0.5 * 1.209_854).abs() < 1e-5, "{d:?}");
+        // Beta(2, 2) at 0.5: 6 * 0.5 * 0.5 = 1.5, weight 0.3; Beta(1, 3) at
+        // 0.5: 3 * 0.5^2 = 0.75, weight 0.7.
+        let b = Mixture::Bmm(Bmm {
+            weights: [0.3, 0.7],
+            alphas: [2.0, 1.0],
+            betas: [2.0, 3.0],
+            floor_hits: 0,
+        });
+        let d = b.weighted_densities(0.5);
+        assert!(
+            (d[0] - 0.45).abs() < 1e-9 && (d[1] - 0.525).abs() < 1e-9,
+            "{d:?}"
+        );
+    }
 
     const POSTERIOR_TOL: f64 = 1e-4;
     const PARAM_REL_TOL: f64 = 1e-4;

@@ -1,0 +1,64 @@
+//! `ncclean report`: write the HTML report of a finished run.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::error::{Error, Result};
+use crate::progress::Reporter;
+use crate::report;
+
+/// Arguments of `ncclean report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Run directory written by `ncclean fit --out-dir`.
+    #[arg(value_name = "RUN")]
+    pub run: PathBuf,
+    /// Output HTML file: one self-contained page (charts as inline SVG,
+    /// pictures as data URIs), written atomically. Default: RUN/report.html
+    /// (a later `fit` into RUN replaces the whole directory, report
+    /// included).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Pairs shown in each group (most suspicious, borderline, most
+    /// confident), 1 to 100; their pictures are read back from the run's
+    /// inputs.
+    #[arg(long, value_name = "N", default_value_t = report::DEFAULT_PER_GROUP)]
+    pub per_group: usize,
+}
+
+/// Run `ncclean report`.
+pub fn run(a: ReportArgs, rep: &Reporter) -> Result<()> {
+    if !(1..=report::MAX_PER_GROUP).contains(&a.per_group) {
+        return Err(Error::Usage(format!(
+            "--per-group must be between 1 and {}, got {}",
+            report::MAX_PER_GROUP,
+            a.per_group
+        )));
+    }
+    let out = a.out.clone().unwrap_or_else(|| a.run.join("report.html"));
+    let s = report::write(
+        &a.run,
+        &out,
+        &report::Options {
+            per_group: a.per_group,
+        },
+    )?;
+    rep.info(&format!(
+        "wrote {}: {} scored pairs, {} shown ({} without a picture){}",
+        out.display(),
+        s.scored,
+        s.shown,
+        s.pictures_missing,
+        if s.mixture_drawn {
+            ""
+        } else {
+            "; no fitted mixture to draw"
+        }
+    ));
+    println!(
+        "{}",
+        serde_json::to_string(&s).map_err(|e| Error::Other(e.into()))?
+    );
+    Ok(())
+}

@@ -1,0 +1,379 @@
+//! `ncclean report`: one self-contained HTML page about a finished run.
+//!
+//! The page shows the distributions of `clean_prob` and the similarity,
+//! the statistic the method's mixture was fitted on with the fitted
+//! components drawn over it, the training curves, what a range of cuts
+//! would keep, and the pictures and captions of the most suspicious,
+//! borderline and most confident pairs.
+//!
+//! Stages, each handing plain data to the next: [`run::load`] reads the run
+//! directory, [`build`] computes the page's content ([`Page`]), and
+//! [`html::render`] writes it out. The charts come from [`plots`]
+//! (plotters' SVG backend), the pictures from [`thumbs`], read back from
+//! the run's inputs. What `fit` records for the mixture chart is
+//! [`DivisionRecord`].
+
+mod fitted;
+mod histogram;
+mod html;
+mod plots;
+mod run;
+mod select;
+mod thumbs;
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+pub use fitted::{DivisionRecord, Overlay, STATISTIC_BINS};
+pub use histogram::Histogram;
+pub use html::{escape, render, Chart, Example, Group, Page};
+pub use plots::{BAR, CLEAN, NOISY};
+pub use run::{load, RunRecord};
+pub use select::{pick, Picks};
+pub use thumbs::{data_uri, thumbnail, Shown, Source, THUMB_PX};
+
+use ncclean_pipelines::division::{Fallback, MixtureKind};
+
+use crate::data::RowStatus;
+use crate::error::Result;
+use crate::threshold::{self, percent, Rule};
+
+/// Bins of the `clean_prob` and similarity histograms.
+pub const HIST_BINS: usize = 40;
+/// Pairs shown per group unless asked otherwise.
+pub const DEFAULT_PER_GROUP: usize = 8;
+/// Most pairs shown per group: each is a thumbnail inside the page.
+pub const MAX_PER_GROUP: usize = 100;
+/// Kept fractions of the threshold table.
+pub const KEEP_FRACTIONS: [f64; 7] = [1.0, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5];
+/// Longest caption shown, in characters: a caption column can hold
+/// anything, and the page should stay readable and small.
+pub const MAX_CAPTION_CHARS: usize = 400;
+/// Points at which the mixture's components are drawn.
+const OVERLAY_POINTS: usize = 201;
+
+/// How the report is made.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Pairs shown in each of the three groups (at most
+    /// [`MAX_PER_GROUP`]).
+    pub per_group: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            per_group: DEFAULT_PER_GROUP,
+        }
+    }
+}
+
+/// What a report holds, for the command's summary line.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Where the page was written.
+    pub out: PathBuf,
+    /// Label rows.
+    pub rows: usize,
+    /// Scored pairs.
+    pub scored: usize,
+    /// Pairs shown.
+    pub shown: usize,
+    /// Shown pairs whose picture could not be read.
+    pub pictures_missing: usize,
+    /// Whether the fitted mixture is drawn.
+    pub mixture_drawn: bool,
+}
+
+/// Read the run in `dir` and write its report to `out` atomically.
+pub fn write(dir: &Path, out: &Path, opts: &Options) -> Result<Summary> {
+    let run = load(dir)?;
+    let (page, mut summary) = build(&run, opts)?;
+    crate::data::write_atomic(out, render(&page).as_bytes())?;
+    summary.out = out.to_path_buf();
+    Ok(summary)
+}
+
+/// The page for `run` (pictures are read from the run's inputs).
+pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
+    let scored: Vec<Option<f32>> = run
+        .labels
+        .iter()
+        .map(|l| match l.status {
+            RowStatus::Ok => l.clean_prob.filter(|p| p.is_finite()),
+            RowStatus::Skipped => None,
+        })
+        .collect();
+    let probs: Vec<f32> = scored.iter().flatten().copied().collect();
+    let sims: Vec<f64> = run
+        .labels
+        .iter()
+        .filter(|l| l.status == RowStatus::Ok)
+        .filter_map(|l| l.similarity.map(f64::from))
+        .collect();
+    let mut notes = Vec::new();
+    let mut page = Page {
+        title: format!("ncclean report: {}", run.dir.display()),
+        facts: facts(run, &probs),
+        ..Page::default()
+    };
+
+    let clean_hist = Histogram::of(probs.iter().map(|&p| f64::from(p)), 0.0, 1.0, HIST_BINS);
+    let threshold_label = format!("threshold {}", run.threshold);
+    page.distributions.push(Chart {
+        svg: plots::histogram_svg(&plots::Bars {
+            title: "clean_prob",
+            x_label: "clean_prob (P(pair is matched))",
+            hist: &clean_hist,
+            overlay: None,
+            marker: Some((run.threshold, &threshold_label)),
+        })?,
+        caption: format!(
+            "{} scored pairs; pairs right of the line are labelled clean.",
+            probs.len()
+        ),
+    });
+    page.distributions.push(Chart {
+        svg: plots::histogram_svg(&plots::Bars {
+            title: "similarity",
+            x_label: "image-caption similarity",
+            hist: &Histogram::spanning(&sims, HIST_BINS),
+            overlay: None,
+            marker: None,
+        })?,
+        caption: "Similarity of each pair's image and caption under the trained model.".into(),
+    });
+    let mut mixture_drawn = false;
+    match &run.division {
+        Some(record) => {
+            let overlay = record.overlay(OVERLAY_POINTS);
+            mixture_drawn = overlay.is_some();
+            let family = match record.division.kind {
+                MixtureKind::Gmm => "Gaussian",
+                MixtureKind::Bmm => "Beta",
+            };
+            page.distributions.push(Chart {
+                svg: plots::histogram_svg(&plots::Bars {
+                    title: "division statistic and the fitted mixture",
+                    x_label: "statistic, min-max normalised",
+                    hist: &record.histogram,
+                    overlay: overlay.as_ref(),
+                    marker: None,
+                })?,
+                caption: format!(
+                    "Two-component {family} mixture over the statistic{}; {}. The curves are the fitted components scaled to the bars.",
+                    record
+                        .statistic
+                        .as_deref()
+                        .map(|s| format!(" ({s})"))
+                        .unwrap_or_default(),
+                    record.clean_end()
+                ),
+            });
+            if let Some(f) = &record.division.fallback {
+                notes.push(fallback_note(f));
+            }
+        }
+        None => notes.push(
+            "stats.json holds no division record (runs written before `ncclean report` existed): \
+             fit again to see the fitted mixture over its statistic."
+                .into(),
+        ),
+    }
+
+    let loss: Vec<(f64, f64)> = run
+        .epochs
+        .iter()
+        .map(|e| ((e.epoch + 1) as f64, e.loss))
+        .collect();
+    let clean_fraction: Vec<(f64, f64)> = run
+        .epochs
+        .iter()
+        .filter_map(|e| e.clean_fraction.map(|c| ((e.epoch + 1) as f64, c)))
+        .collect();
+    if !loss.is_empty() {
+        page.curves.push(Chart {
+            svg: plots::curve_svg("training loss", "mean loss", &loss, None)?,
+            caption: "Mean training loss of each epoch.".into(),
+        });
+    }
+    if !clean_fraction.is_empty() {
+        page.curves.push(Chart {
+            svg: plots::curve_svg(
+                "clean fraction",
+                "fraction called clean",
+                &clean_fraction,
+                Some((0.0, 1.0)),
+            )?,
+            caption: "Share of the pairs the epoch's division called clean (none during warm-up)."
+                .into(),
+        });
+    }
+
+    page.cuts = threshold::table(&probs, &KEEP_FRACTIONS);
+    page.cuts.push(Rule::MinProb(run.threshold).resolve(&probs));
+    page.cuts.push(Rule::RemoveNoise(None).resolve(&probs));
+
+    let per_group = opts.per_group.min(MAX_PER_GROUP);
+    let picks = pick(&scored, per_group, run.threshold);
+    let groups = [
+        (
+            "Most suspicious pairs",
+            "The lowest clean_prob: the pairs most likely mismatched.",
+            &picks.suspicious,
+        ),
+        (
+            "Borderline pairs",
+            "clean_prob nearest the threshold: where the division is least sure.",
+            &picks.borderline,
+        ),
+        (
+            "Most confident pairs",
+            "The highest clean_prob: the pairs most likely matched.",
+            &picks.confident,
+        ),
+    ];
+    let wanted: Vec<(String, u64)> = groups
+        .iter()
+        .flat_map(|g| g.2.iter())
+        .map(|&i| (run.labels[i].source_file.clone(), run.labels[i].source_row))
+        .collect();
+    let mut shown = thumbs::read(&run.source, &wanted).into_iter();
+    let mut missing = Vec::new();
+    for (title, about, rows) in groups {
+        let mut pairs = Vec::with_capacity(rows.len());
+        for &i in rows {
+            let l = &run.labels[i];
+            let s = shown.next().unwrap_or_else(|| Shown {
+                caption: Err("not read".into()),
+                image: Err("not read".into()),
+            });
+            if let Err(why) = &s.image {
+                missing.push(why.clone());
+            }
+            pairs.push(Example {
+                key: l.key.clone(),
+                clean_prob: l.clean_prob.unwrap_or(f32::NAN),
+                similarity: l.similarity,
+                caption: s.caption.map(|c| shorten(&c, MAX_CAPTION_CHARS)),
+                image: s.image,
+            });
+        }
+        page.groups.push(Group {
+            title: title.into(),
+            about: about.into(),
+            pairs,
+        });
+    }
+    if let Some(first) = missing.first() {
+        notes.push(format!(
+            "{} of {} pictures could not be shown; the first because: {first}",
+            missing.len(),
+            wanted.len()
+        ));
+    }
+    page.notes = notes;
+    let summary = Summary {
+        out: PathBuf::new(),
+        rows: run.labels.len(),
+        scored: probs.len(),
+        shown: wanted.len(),
+        pictures_missing: missing.len(),
+        mixture_drawn,
+    };
+    Ok((page, summary))
+}
+
+/// `s` cut to at most `max` characters, an ellipsis saying it was cut.
+fn shorten(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &s[..end]),
+        None => s.to_string(),
+    }
+}
+
+/// A division's fallback in words for the page.
+fn fallback_note(f: &Fallback) -> String {
+    let unfitted = "no mixture was fitted, so every pair got clean_prob 1 \
+                    (no evidence of noise is no reason to drop data)";
+    match f {
+        Fallback::TooFew { n } => {
+            format!("The division saw only {n} finite statistics, too few for a mixture: {unfitted}.")
+        }
+        Fallback::Constant => {
+            format!("Every pair had the same statistic, so there was nothing to divide: {unfitted}.")
+        }
+        Fallback::Collapsed { weight } => format!(
+            "The mixture collapsed (one component's weight fell to {weight:.1e}): {unfitted}."
+        ),
+        Fallback::NonFinite { count } => format!(
+            "{count} pairs had a non-finite statistic: they were left out of the mixture and got clean_prob 0.5."
+        ),
+    }
+}
+
+/// The summary lines at the top of the page.
+fn facts(run: &RunRecord, probs: &[f32]) -> Vec<(String, String)> {
+    let rows = run.labels.len();
+    let clean = run.labels.iter().filter(|l| l.is_clean).count();
+    let mut facts = vec![
+        ("method".to_string(), run.method.clone()),
+        (
+            "pairs".into(),
+            format!(
+                "{rows} rows: {} scored, {} skipped",
+                probs.len(),
+                rows - probs.len()
+            ),
+        ),
+        (
+            "labelled clean".into(),
+            format!(
+                "{clean} ({} of the scored pairs, clean_prob > {})",
+                percent(clean as f64 / probs.len().max(1) as f64),
+                run.threshold
+            ),
+        ),
+        (
+            "estimated noise rate".into(),
+            format!(
+                "{} (mean of 1 - clean_prob)",
+                percent(threshold::estimated_noise_rate(probs))
+            ),
+        ),
+        ("epochs".into(), run.epochs.len().to_string()),
+    ];
+    if let Some(seed) = run.seed {
+        facts.push(("seed".into(), seed.to_string()));
+    }
+    facts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_captions_are_cut_at_a_character_boundary() {
+        assert_eq!(shorten("abc", 3), "abc");
+        assert_eq!(shorten("abcd", 3), "abc…");
+        assert_eq!(shorten("ééééé", 2), "éé…");
+        assert_eq!(shorten("", 2), "");
+    }
+
+    #[test]
+    fn fallbacks_read_as_sentences() {
+        let n = fallback_note(&Fallback::TooFew { n: 3 });
+        assert!(
+            n.starts_with("The division saw only 3 finite statistics"),
+            "{n}"
+        );
+        assert!(n.contains("every pair got clean_prob 1"), "{n}");
+        let n = fallback_note(&Fallback::Collapsed { weight: 0.0004 });
+        assert!(n.contains("weight fell to 4.0e-4"), "{n}");
+        let n = fallback_note(&Fallback::NonFinite { count: 2 });
+        assert!(n.starts_with("2 pairs had a non-finite statistic"), "{n}");
+        assert!(!fallback_note(&Fallback::Constant).contains('{'));
+    }
+}

@@ -1,0 +1,127 @@
+//! Reading a run directory back for the report: `run.json`, `stats.json`
+//! and the labels, each within a size limit.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use ncclean_pipelines::EpochStats;
+
+use super::fitted::DivisionRecord;
+use super::thumbs::Source;
+use crate::data::{ColumnMap, LabelRow};
+use crate::error::{invalid, Result};
+use crate::images::ImageLimits;
+
+/// Largest `run.json` or `stats.json` read: both are a few kilobytes (the
+/// per-epoch statistics grow by a line an epoch), so anything near this is
+/// not an ncclean file.
+const MAX_JSON_BYTES: u64 = 16 << 20;
+
+/// What the report needs from a run directory.
+#[derive(Debug, Clone)]
+pub struct RunRecord {
+    /// The run directory.
+    pub dir: PathBuf,
+    /// Method name.
+    pub method: String,
+    /// Seed of the fit.
+    pub seed: Option<u64>,
+    /// The run's decision threshold (`is_clean = clean_prob > threshold`).
+    pub threshold: f64,
+    /// Where the pairs came from.
+    pub source: Source,
+    /// Per-epoch statistics (empty when `stats.json` is missing).
+    pub epochs: Vec<EpochStats>,
+    /// The final division, when `fit` recorded it.
+    pub division: Option<DivisionRecord>,
+    /// One row per input row.
+    pub labels: Vec<LabelRow>,
+}
+
+/// Read the run in `dir` (a directory `ncclean fit --out-dir` wrote).
+pub fn load(dir: &Path) -> Result<RunRecord> {
+    let run_json = dir.join("run.json");
+    if !run_json.is_file() {
+        return Err(invalid(format!(
+            "{}: not an ncclean run directory (it has no run.json); give the --out-dir of `ncclean fit`",
+            dir.display()
+        )));
+    }
+    let run: serde_json::Value = read_json(&run_json)?;
+    if run.get(crate::rundir::COMPLETE_KEY) != Some(&serde_json::Value::Bool(true)) {
+        return Err(invalid(format!(
+            "{}: the run is not marked complete; run `ncclean fit` to the end first",
+            run_json.display()
+        )));
+    }
+    let field = |name: &str| run.get(name).cloned().unwrap_or(serde_json::Value::Null);
+    let method = field("method").as_str().unwrap_or("unknown").to_string();
+    let threshold = run
+        .pointer("/config/threshold")
+        .and_then(serde_json::Value::as_f64)
+        .unwrap_or(crate::threshold::DEFAULT_MIN_PROB);
+    let inputs: Vec<String> = serde_json::from_value(field("inputs")).map_err(|e| {
+        invalid(format!(
+            "{}: \"inputs\" is not a list of paths ({e})",
+            run_json.display()
+        ))
+    })?;
+    let source = Source {
+        inputs,
+        columns: serde_json::from_value::<ColumnMap>(field("columns")).ok(),
+        image_root: serde_json::from_value(field("image_root")).ok().flatten(),
+        image_limits: serde_json::from_value::<ImageLimits>(field("image_limits"))
+            .unwrap_or_default(),
+    };
+    let stats_path = dir.join("stats.json");
+    let (epochs, division) = if stats_path.is_file() {
+        let stats: serde_json::Value = read_json(&stats_path)?;
+        let epochs = serde_json::from_value(stats.get("epochs").cloned().unwrap_or_default())
+            .map_err(|e| {
+                invalid(format!(
+                    "{}: \"epochs\" is not a list of epoch statistics ({e})",
+                    stats_path.display()
+                ))
+            })?;
+        let division = stats
+            .get("division")
+            .and_then(|d| serde_json::from_value(d.clone()).ok());
+        (epochs, division)
+    } else {
+        (Vec::new(), None)
+    };
+    let (labels, _) = crate::data::read_labels(&dir.join("labels.parquet"))?;
+    Ok(RunRecord {
+        dir: dir.to_path_buf(),
+        method,
+        seed: field("seed").as_u64(),
+        threshold,
+        source,
+        epochs,
+        division,
+        labels,
+    })
+}
+
+/// Parse a JSON file of at most [`MAX_JSON_BYTES`].
+fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| crate::Error::Other(anyhow::anyhow!("cannot open {}: {e}", path.display())))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_JSON_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| crate::Error::Other(anyhow::anyhow!("cannot read {}: {e}", path.display())))?;
+    if bytes.len() as u64 > MAX_JSON_BYTES {
+        return Err(invalid(format!(
+            "{}: over {} MiB, too large for an ncclean run file",
+            path.display(),
+            MAX_JSON_BYTES >> 20
+        )));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| {
+        invalid(format!(
+            "{}: not valid JSON ({e}); was the run written by ncclean?",
+            path.display()
+        ))
+    })
+}
