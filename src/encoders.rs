@@ -46,6 +46,9 @@ pub enum TextEncoder {
     #[value(name = "demo-bow")]
     #[serde(rename = "demo-bow")]
     DemoBow,
+    /// Embeddings already in a list<float> text-embedding column (--text-emb-col, or detected:
+    /// text_embedding, text_emb, txt_emb, ...); the caption column is still shown in the outputs.
+    Precomputed,
 }
 
 /// The resolved tower choice, stored in checkpoints and run.json.
@@ -146,7 +149,29 @@ impl EncoderSpec {
             }
             _ => {}
         }
-        let text = text.unwrap_or(TextEncoder::DemoBow);
+        let has_text_column = input.columns.text_embedding.is_some();
+        let text = text.unwrap_or(if has_text_column {
+            TextEncoder::Precomputed
+        } else {
+            TextEncoder::DemoBow
+        });
+        match (text, &input.columns.text_embedding) {
+            (TextEncoder::Precomputed, None) => {
+                return Err(Error::Usage(
+                    "--text-encoder precomputed needs a list<float> text-embedding column; \
+                     name it with --text-emb-col"
+                        .into(),
+                ))
+            }
+            (TextEncoder::Precomputed, Some(_)) | (_, None) => {}
+            (other, Some(col)) => {
+                return Err(Error::Usage(format!(
+                    "--text-emb-col {col:?} is read only by --text-encoder precomputed, not {}; \
+                     drop one of the two",
+                    other.name()
+                )))
+            }
+        }
         let image_model = match image {
             ImageEncoder::MobilenetV2 | ImageEncoder::Clip => {
                 let fallback = (image == ImageEncoder::MobilenetV2)
@@ -190,7 +215,7 @@ impl EncoderSpec {
                     )
                 })?)
             }
-            TextEncoder::DemoBow => None,
+            TextEncoder::DemoBow | TextEncoder::Precomputed => None,
         };
         Ok(EncoderSpec {
             image,
@@ -216,6 +241,18 @@ impl ImageEncoder {
             ImageEncoder::Clip => "clip",
             ImageEncoder::Precomputed => "precomputed",
             ImageEncoder::DemoCnn => "demo-cnn",
+        }
+    }
+}
+
+impl TextEncoder {
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            TextEncoder::Minilm => "minilm",
+            TextEncoder::Clip => "clip",
+            TextEncoder::DemoBow => "demo-bow",
+            TextEncoder::Precomputed => "precomputed",
         }
     }
 }
@@ -350,7 +387,7 @@ impl TextTower {
                 ClipTower::from_spec_with_dtype(&model, device, spec.tower_dtype.resolve(device))
                     .map_err(|e| load_err("CLIP model", &model, e))?,
             ))),
-            TextEncoder::DemoBow => None,
+            TextEncoder::DemoBow | TextEncoder::Precomputed => None,
         })
     }
 

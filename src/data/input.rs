@@ -74,6 +74,16 @@ impl InputSet {
         if columns.image_kind == ImageKind::Path {
             refuse_urls(first, &columns)?;
         }
+        let text_embedding_dim = match &columns.text_embedding {
+            Some(t) => Some(embedding_dim(first, t)?.ok_or_else(|| {
+                invalid(format!(
+                    "{}: the text-embedding column \"{t}\" holds no readable embedding in its first rows; \
+                     expected a list<float> per row",
+                    first.path.display()
+                ))
+            })?),
+            None => None,
+        };
         let embedding_dim = if columns.image_kind == ImageKind::Embedding {
             embedding_dim(first, &columns.image)?
         } else {
@@ -85,6 +95,7 @@ impl InputSet {
             image_root: opts.image_root.clone(),
             image_limits: opts.image_limits,
             embedding_dim,
+            text_embedding_dim,
             fingerprint: Default::default(),
         })
     }
@@ -264,6 +275,7 @@ fn read_footer(path: &Path) -> Result<InputFile> {
 fn pair_columns(map: &ColumnMap) -> Vec<&str> {
     let mut cols = vec![map.image.as_str(), map.caption.as_str()];
     cols.extend(map.key.as_deref());
+    cols.extend(map.text_embedding.as_deref());
     cols
 }
 
@@ -397,6 +409,7 @@ impl PairIter<'_> {
                         image_base: &base,
                         columns: &self.set.columns,
                         embedding_dim: self.set.embedding_dim,
+                        text_embedding_dim: self.set.text_embedding_dim,
                     };
                     let mut rows = batch_to_pairs(&batch, &ctx, first_row)?;
                     for (column, mask) in bad {
@@ -447,6 +460,7 @@ impl PairIter<'_> {
                 key: format!("{stem}:{row}"),
                 image: None,
                 caption: String::new(),
+                text_embedding: None,
                 problem: Some(lost.reason.clone()),
             })
             .collect();
