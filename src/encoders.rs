@@ -453,6 +453,31 @@ mod tests {
     }
 
     #[test]
+    fn a_text_embedding_column_goes_with_the_precomputed_text_encoder_only() {
+        let mut input = crate::engine::test_input(&[4]);
+        let resolve = |input: &InputSet, text| {
+            EncoderSpec::resolve(input, None, text, None, None).map(|s| s.text)
+        };
+        let usage = |r: Result<TextEncoder>| match r {
+            Err(Error::Usage(m)) => m,
+            other => panic!("expected a usage error, got {other:?}"),
+        };
+        assert_eq!(resolve(&input, None).unwrap(), TextEncoder::DemoBow);
+        let m = usage(resolve(&input, Some(TextEncoder::Precomputed)));
+        assert!(m.contains("--text-emb-col"), "{m}");
+
+        input.columns.text_embedding = Some("text_emb".into());
+        assert_eq!(resolve(&input, None).unwrap(), TextEncoder::Precomputed);
+        let spec = EncoderSpec::resolve(&input, None, None, None, None).unwrap();
+        assert_eq!((spec.uses_towers(), spec.text_model), (false, None));
+        let m = usage(resolve(&input, Some(TextEncoder::DemoBow)));
+        assert!(
+            m.contains("--text-emb-col \"text_emb\"") && m.contains("not demo-bow"),
+            "{m}"
+        );
+    }
+
+    #[test]
     fn auto_is_not_written_into_checkpoints_and_old_ones_read_as_auto() {
         let spec = EncoderSpec {
             image: ImageEncoder::MobilenetV2,

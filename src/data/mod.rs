@@ -89,11 +89,12 @@ pub struct ColumnOptions {
     #[serde(default)]
     pub recursive: bool,
     /// Explicit text-embedding column (`--text-emb-col`); wins over preset
-    /// and detection.
-    #[serde(default)]
+    /// and detection. Not serialised when absent, so the options' hash
+    /// (`score --out-dir` markers) stays what it was before the flag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text_emb_col: Option<String>,
     /// Whether a text-embedding column is resolved and read at all.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "TextEmbeddings::is_ignore")]
     pub text_embeddings: TextEmbeddings,
 }
 
@@ -110,6 +111,12 @@ pub enum TextEmbeddings {
     IfPresent,
     /// Must be present: the text side reads it.
     Require,
+}
+
+impl TextEmbeddings {
+    fn is_ignore(&self) -> bool {
+        *self == TextEmbeddings::Ignore
+    }
 }
 
 impl ColumnOptions {
