@@ -370,3 +370,20 @@ fn other_files_must_have_the_text_embedding_column_too() {
     // The text embedding travels with its caption, not with the image.
     assert_eq!(image_columns(&first, &map), vec!["jpg".to_string()]);
 }
+
+#[test]
+fn options_without_text_embeddings_serialise_as_before_the_flag() {
+    // `score --out-dir` hashes the serialised options into its markers:
+    // runs that do not use the flag keep their markers valid.
+    let json = serde_json::to_value(ColumnOptions::default()).unwrap();
+    assert!(json.get("text_emb_col").is_none(), "{json}");
+    assert!(json.get("text_embeddings").is_none(), "{json}");
+    let opts = ColumnOptions {
+        text_emb_col: Some("t".into()),
+        text_embeddings: TextEmbeddings::Require,
+        ..ColumnOptions::default()
+    };
+    let json = serde_json::to_value(&opts).unwrap();
+    assert_eq!(json["text_emb_col"], "t");
+    assert_eq!(json["text_embeddings"], "require");
+}

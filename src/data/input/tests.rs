@@ -529,3 +529,31 @@ fn text_embeddings_are_read_and_checked_like_image_ones() {
     );
     assert!(rows[1..].iter().all(|r| r.text_embedding.is_none()));
 }
+
+#[test]
+fn a_text_embedding_column_without_values_is_an_error_only_when_required() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_parquet(
+        dir.path(),
+        "n.parquet",
+        vec![
+            ("jpg", binaries(&[Some(&b"a"[..]), Some(&b"b"[..])])),
+            ("caption", strings(&[Some("a"), Some("b")])),
+            ("text_emb", float_lists(&[None, None])),
+        ],
+    );
+    let with = |mode| ColumnOptions {
+        text_embeddings: mode,
+        ..ColumnOptions::default()
+    };
+    let set = InputSet::open(
+        std::slice::from_ref(&p),
+        &with(crate::data::TextEmbeddings::IfPresent),
+    )
+    .unwrap();
+    assert_eq!(set.columns.text_embedding, None);
+    assert_invalid(
+        InputSet::open(&[p], &with(crate::data::TextEmbeddings::Require)),
+        &["n.parquet", "\"text_emb\" holds no readable embedding"],
+    );
+}
