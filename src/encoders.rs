@@ -46,6 +46,9 @@ pub enum TextEncoder {
     #[value(name = "demo-bow")]
     #[serde(rename = "demo-bow")]
     DemoBow,
+    /// Embeddings already in a list<float> text-embedding column (--text-emb-col, or detected:
+    /// text_embedding, text_emb, txt_emb, ...); the caption column is still shown in the outputs.
+    Precomputed,
 }
 
 /// The resolved tower choice, stored in checkpoints and run.json.
@@ -146,7 +149,29 @@ impl EncoderSpec {
             }
             _ => {}
         }
-        let text = text.unwrap_or(TextEncoder::DemoBow);
+        let has_text_column = input.columns.text_embedding.is_some();
+        let text = text.unwrap_or(if has_text_column {
+            TextEncoder::Precomputed
+        } else {
+            TextEncoder::DemoBow
+        });
+        match (text, &input.columns.text_embedding) {
+            (TextEncoder::Precomputed, None) => {
+                return Err(Error::Usage(
+                    "--text-encoder precomputed needs a list<float> text-embedding column; \
+                     name it with --text-emb-col"
+                        .into(),
+                ))
+            }
+            (TextEncoder::Precomputed, Some(_)) | (_, None) => {}
+            (other, Some(col)) => {
+                return Err(Error::Usage(format!(
+                    "--text-emb-col {col:?} is read only by --text-encoder precomputed, not {}; \
+                     drop one of the two",
+                    other.name()
+                )))
+            }
+        }
         let image_model = match image {
             ImageEncoder::MobilenetV2 | ImageEncoder::Clip => {
                 let fallback = (image == ImageEncoder::MobilenetV2)
@@ -190,7 +215,7 @@ impl EncoderSpec {
                     )
                 })?)
             }
-            TextEncoder::DemoBow => None,
+            TextEncoder::DemoBow | TextEncoder::Precomputed => None,
         };
         Ok(EncoderSpec {
             image,
@@ -216,6 +241,18 @@ impl ImageEncoder {
             ImageEncoder::Clip => "clip",
             ImageEncoder::Precomputed => "precomputed",
             ImageEncoder::DemoCnn => "demo-cnn",
+        }
+    }
+}
+
+impl TextEncoder {
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            TextEncoder::Minilm => "minilm",
+            TextEncoder::Clip => "clip",
+            TextEncoder::DemoBow => "demo-bow",
+            TextEncoder::Precomputed => "precomputed",
         }
     }
 }
@@ -350,7 +387,7 @@ impl TextTower {
                 ClipTower::from_spec_with_dtype(&model, device, spec.tower_dtype.resolve(device))
                     .map_err(|e| load_err("CLIP model", &model, e))?,
             ))),
-            TextEncoder::DemoBow => None,
+            TextEncoder::DemoBow | TextEncoder::Precomputed => None,
         })
     }
 
@@ -413,6 +450,31 @@ mod tests {
         assert_eq!(dtype_tag(DType::F32), "");
         assert_eq!(dtype_tag(DType::F16), "|f16");
         assert_eq!(dtype_tag(DType::BF16), "|bf16");
+    }
+
+    #[test]
+    fn a_text_embedding_column_goes_with_the_precomputed_text_encoder_only() {
+        let mut input = crate::engine::test_input(&[4]);
+        let resolve = |input: &InputSet, text| {
+            EncoderSpec::resolve(input, None, text, None, None).map(|s| s.text)
+        };
+        let usage = |r: Result<TextEncoder>| match r {
+            Err(Error::Usage(m)) => m,
+            other => panic!("expected a usage error, got {other:?}"),
+        };
+        assert_eq!(resolve(&input, None).unwrap(), TextEncoder::DemoBow);
+        let m = usage(resolve(&input, Some(TextEncoder::Precomputed)));
+        assert!(m.contains("--text-emb-col"), "{m}");
+
+        input.columns.text_embedding = Some("text_emb".into());
+        assert_eq!(resolve(&input, None).unwrap(), TextEncoder::Precomputed);
+        let spec = EncoderSpec::resolve(&input, None, None, None, None).unwrap();
+        assert_eq!((spec.uses_towers(), spec.text_model), (false, None));
+        let m = usage(resolve(&input, Some(TextEncoder::DemoBow)));
+        assert!(
+            m.contains("--text-emb-col \"text_emb\"") && m.contains("not demo-bow"),
+            "{m}"
+        );
     }
 
     #[test]

@@ -249,10 +249,10 @@ fn run_retrieval(a: &EvalArgs, rep: &Reporter) -> Result<()> {
         .ok_or_else(|| crate::Error::Usage("--retrieval needs --checkpoint".into()))?;
     let engine = crate::engine::Engine::load(checkpoint, &chosen.device)?;
     rep.info(&chosen.line);
-    let opts = crate::data::ColumnOptions {
+    let opts = engine.input_options(crate::data::ColumnOptions {
         image_limits: a.images.limits(),
         ..Default::default()
-    };
+    });
     let input = crate::data::InputSet::open(&a.data, &opts)?;
     let prepared = engine.prepare(&input, &a.cache.options(), rep)?;
     // One image per distinct image identity; every usable pair is a caption.

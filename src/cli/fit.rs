@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::data::ImageValue;
-use crate::encoders::ImageEncoder;
+use crate::data::{ImageValue, TextEmbeddings};
+use crate::encoders::{ImageEncoder, TextEncoder};
 use crate::engine::{self, FitOptions};
 use crate::error::{invalid, Error, Result};
 use crate::progress::Reporter;
@@ -133,7 +133,11 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     // Every key's range and the method's own parameters, before any input
     // is read (exit 2 naming the key, the value and the allowed range).
     ncclean_pipelines::registry::validate(&a.method, &config)?;
-    let input = a.data.open_with(&a.images)?;
+    let mut columns = a.data.options_with(&a.images);
+    if a.encoders.text_encoder == Some(TextEncoder::Precomputed) {
+        columns.text_embeddings = TextEmbeddings::Require;
+    }
+    let input = a.data.open_options(&columns)?;
     let mut encoders = crate::encoders::EncoderSpec::resolve(
         &input,
         a.encoders.image_encoder,

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use clap::Args;
 
+use crate::data::TextEmbeddings;
 use crate::error::Result;
 use crate::progress::Reporter;
 
@@ -25,7 +26,12 @@ pub struct InspectArgs {
 }
 
 pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
-    let input = a.data.open_with(&a.images)?;
+    // Shown when present; read (and checked) the way fit would read it.
+    let mut opts = a.data.options_with(&a.images);
+    if opts.text_embeddings == TextEmbeddings::Ignore {
+        opts.text_embeddings = TextEmbeddings::IfPresent;
+    }
+    let input = a.data.open_options(&opts)?;
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     let mut unusable = 0usize;
     let mut examples: Vec<(String, String)> = Vec::new();
@@ -80,6 +86,7 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
             "columns": input.columns,
             "format": input.files[0].format,
             "embedding_dim": input.embedding_dim,
+            "text_embedding_dim": input.text_embedding_dim,
             "rows": total,
             "usable": total - unusable,
             "unusable": unusable,
@@ -115,6 +122,9 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
     );
     if let Some(d) = input.embedding_dim {
         println!("  embedding length: {d}");
+    }
+    if let (Some(t), Some(d)) = (&c.text_embedding, input.text_embedding_dim) {
+        println!("  text embedding: {t} (length {d}; read by --text-encoder precomputed)");
     }
     println!(
         "rows: {total}, usable: {}, unusable: {unusable}",

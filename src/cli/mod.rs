@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::data::{ColumnOptions, Preset};
+use crate::data::{ColumnOptions, Preset, TextEmbeddings};
 use crate::error::Result;
 use crate::images::ImageLimits;
 use crate::progress::{LogFormat, Reporter};
@@ -109,6 +109,12 @@ pub struct DataArgs {
     /// way; name one explicitly to read it.
     #[arg(long, short = 'r')]
     pub recursive: bool,
+    /// Precomputed text-embedding column (a list<float> per row, e.g. LAION's text_emb), read by
+    /// --text-encoder precomputed instead of encoding the captions (default: detected among
+    /// text_embedding, text_emb, txt_emb, ...; --preset laion/datacomp name theirs). The caption
+    /// column stays and is shown in the outputs.
+    #[arg(long, value_name = "NAME")]
+    pub text_emb_col: Option<String>,
 }
 
 impl DataArgs {
@@ -125,6 +131,12 @@ impl DataArgs {
             caption_from: self.caption_from.clone(),
             key_from: self.key_from.clone(),
             recursive: self.recursive,
+            text_emb_col: self.text_emb_col.clone(),
+            text_embeddings: if self.text_emb_col.is_some() {
+                TextEmbeddings::Require
+            } else {
+                TextEmbeddings::Ignore
+            },
         }
     }
 
@@ -144,7 +156,14 @@ impl DataArgs {
     /// Open and validate the inputs, reading their images within `images`.
     pub fn open_with(&self, images: &ImageArgs) -> Result<crate::data::InputSet> {
         self.check_given()?;
-        crate::data::InputSet::open(&self.data, &self.options_with(images))
+        self.open_options(&self.options_with(images))
+    }
+
+    /// Open and validate the inputs with `opts` (these flags' options,
+    /// completed by the caller).
+    pub fn open_options(&self, opts: &ColumnOptions) -> Result<crate::data::InputSet> {
+        self.check_given()?;
+        crate::data::InputSet::open(&self.data, opts)
     }
 
     /// The column options with the image limits of `images`.
@@ -301,7 +320,7 @@ pub struct EncoderArgs {
     /// Image tower (default: precomputed for an embedding column, else demo-cnn).
     #[arg(long, value_enum)]
     pub image_encoder: Option<crate::encoders::ImageEncoder>,
-    /// Text tower (default: demo-bow).
+    /// Text tower (default: precomputed when --text-emb-col is given, else demo-bow).
     #[arg(long, value_enum)]
     pub text_encoder: Option<crate::encoders::TextEncoder>,
     /// Image tower weights: MobileNetV2 model.safetensors, or a CLIP model directory / hub id.

@@ -111,7 +111,9 @@ fn file_of(input: &InputSet, i: usize) -> InputSet {
 /// `--out`: one labels file (and `--filtered`), written a file at a time.
 fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result<()> {
     a.shards.check_unused()?;
-    let input = a.data.open_with(&a.images)?;
+    let input = a
+        .data
+        .open_options(&engine.input_options(a.data.options_with(&a.images)))?;
     let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
     crate::rundir::check_not_an_input(out, &files, "--out")?;
     if let Some(f) = &a.filtered {
@@ -194,7 +196,7 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
 fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Result<()> {
     let shards = a.shards.select(&a.data.data, a.data.discovery())?;
     shards::prepare_out_dir(dir, &shards)?;
-    let opts = a.data.options_with(&a.images);
+    let opts = engine.input_options(a.data.options_with(&a.images));
     let cache = a.cache.options();
     // The column options and image limits decide which rows are usable:
     // changing them redoes the shards too.

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use arrow_schema::{DataType, Field, Schema};
 
-use super::{ColumnMap, ColumnOptions, ImageKind, Preset};
+use super::{ColumnMap, ColumnOptions, ImageKind, Preset, TextEmbeddings};
 use crate::error::{invalid, Result};
 
 /// Encoded-image column names, in order of preference.
@@ -23,6 +23,17 @@ const IMAGE_EMBEDDING_NAMES: &[&str] = &[
     "clip_image_embedding",
     "embedding",
     "image_features",
+];
+/// Text-embedding column names, in order of preference (clip-retrieval
+/// writes `text_emb`; DataComp's npz files hold `l14_txt` / `b32_txt`).
+const TEXT_EMBEDDING_NAMES: &[&str] = &[
+    "text_embedding",
+    "text_emb",
+    "txt_emb",
+    "text_embeddings",
+    "caption_embedding",
+    "clip_text_embedding",
+    "text_features",
 ];
 /// Caption column names, matched case-insensitively.
 const CAPTION_NAMES: &[&str] = &["caption", "text", "txt", "sentence", "prompt"];
@@ -43,13 +54,15 @@ const IMAGE_EXPECTED: &str =
     "binary image bytes, a {bytes, path} struct, a path string or a list<float> embedding";
 const CAPTION_EXPECTED: &str = "a string caption";
 const KEY_EXPECTED: &str = "a string or integer key";
+const TEXT_EMBEDDING_EXPECTED: &str = "a list<float> text embedding";
 
-/// The three roles a column can play; carries the wording of messages.
+/// The roles a column can play; carries the wording of messages.
 #[derive(Clone, Copy)]
 enum Role {
     Image,
     Caption,
     Key,
+    TextEmbedding,
 }
 
 impl Role {
@@ -58,6 +71,7 @@ impl Role {
             Role::Image => "image",
             Role::Caption => "caption",
             Role::Key => "key",
+            Role::TextEmbedding => "text-embedding",
         }
     }
     fn flag(self) -> &'static str {
@@ -65,6 +79,7 @@ impl Role {
             Role::Image => "--image-col",
             Role::Caption => "--caption-col",
             Role::Key => "--key-col",
+            Role::TextEmbedding => "--text-emb-col",
         }
     }
     fn expected(self) -> &'static str {
@@ -72,6 +87,7 @@ impl Role {
             Role::Image => IMAGE_EXPECTED,
             Role::Caption => CAPTION_EXPECTED,
             Role::Key => KEY_EXPECTED,
+            Role::TextEmbedding => TEXT_EMBEDDING_EXPECTED,
         }
     }
     fn accepts(self, dt: &DataType) -> bool {
@@ -79,6 +95,7 @@ impl Role {
             Role::Image => image_kind(dt).is_some(),
             Role::Caption => is_string(dt),
             Role::Key => is_string(dt) || is_integer(dt),
+            Role::TextEmbedding => is_float_list(dt),
         }
     }
 }
@@ -88,6 +105,8 @@ struct PresetNames {
     image: &'static [&'static str],
     caption: &'static [&'static str],
     key: &'static [&'static str],
+    /// Looked at before the generic text-embedding names.
+    text_embedding: &'static [&'static str],
 }
 
 fn preset_names(preset: Preset) -> PresetNames {
@@ -101,21 +120,25 @@ fn preset_names(preset: Preset) -> PresetNames {
             image: &["jpg", "image_embedding", "img_emb"],
             caption: &["caption", "TEXT"],
             key: &["SAMPLE_ID", "key"],
+            text_embedding: &["text_emb", "text_embedding"],
         },
         Preset::Datacomp => PresetNames {
             image: &["jpg", "image", "webp", "png", "image_embedding"],
             caption: &["caption", "text"],
             key: &["uid", "key"],
+            text_embedding: &["l14_txt", "b32_txt", "text_embedding"],
         },
         Preset::Img2dataset => PresetNames {
             image: &["jpg", "webp", "png"],
             caption: &["caption"],
             key: &["key"],
+            text_embedding: &[],
         },
         Preset::Hf => PresetNames {
             image: &["image", "img"],
             caption: &["text", "caption"],
             key: &["id", "image_id"],
+            text_embedding: &[],
         },
     }
 }
@@ -445,6 +468,17 @@ pub fn resolve_columns(file: &Path, schema: &Schema, opts: &ColumnOptions) -> Re
             image.name()
         )));
     }
+    let text_embedding = resolve_text_embedding(file, schema, opts, &preset)?;
+    if let Some(t) = text_embedding {
+        if t.name() == image.name() || t.name() == caption.name() {
+            return Err(invalid(format!(
+                "{}: column \"{}\" cannot be both the text embedding and the {}. Use --text-emb-col to name the text-embedding column.",
+                file.display(),
+                t.name(),
+                if t.name() == image.name() { "image" } else { "caption" }
+            )));
+        }
+    }
     let image_kind =
         image_kind(image.data_type()).ok_or_else(|| wrong_type(file, image, Role::Image))?;
     if image_kind == ImageKind::Path {
@@ -457,7 +491,44 @@ pub fn resolve_columns(file: &Path, schema: &Schema, opts: &ColumnOptions) -> Re
         image_kind,
         caption: caption.name().clone(),
         key: key.map(|f| f.name().clone()),
+        text_embedding: text_embedding.map(|f| f.name().clone()),
     })
+}
+
+/// The text-embedding column, when [`ColumnOptions::text_embeddings`] asks
+/// for one: the explicit name, else the preset's names, else detection.
+fn resolve_text_embedding<'a>(
+    file: &Path,
+    schema: &'a Schema,
+    opts: &ColumnOptions,
+    preset: &Option<(Preset, PresetNames)>,
+) -> Result<Option<&'a Field>> {
+    if let Some(name) = &opts.text_emb_col {
+        return explicit(file, schema, name, Role::TextEmbedding).map(Some);
+    }
+    if opts.text_embeddings == TextEmbeddings::Ignore {
+        return Ok(None);
+    }
+    let preset_names = preset.as_ref().map_or(&[][..], |(_, n)| n.text_embedding);
+    let found = detect(schema, preset_names, is_float_list)
+        .or_else(|| detect(schema, TEXT_EMBEDDING_NAMES, is_float_list));
+    match (found, opts.text_embeddings) {
+        (None, TextEmbeddings::Require) => Err(none_found(
+            file,
+            schema,
+            Role::TextEmbedding,
+            &format!(
+                "list<float> columns {}",
+                preset_names
+                    .iter()
+                    .chain(TEXT_EMBEDDING_NAMES)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join("/")
+            ),
+        )),
+        (found, _) => Ok(found),
+    }
 }
 
 /// Check that another file of the set has the columns `map` resolved on the
@@ -510,6 +581,16 @@ pub(crate) fn check_same_columns(
             caption.data_type()
         )));
     }
+    if let Some(t) = &map.text_embedding {
+        let text = lookup(t)?;
+        if !is_float_list(text.data_type()) {
+            return Err(mismatch(format!(
+                "column \"{}\" has type {}, expected {TEXT_EMBEDDING_EXPECTED}",
+                text.name(),
+                text.data_type()
+            )));
+        }
+    }
     if let Some(k) = &map.key {
         let key = lookup(k)?;
         if !Role::Key.accepts(key.data_type()) {
@@ -542,7 +623,11 @@ pub fn image_columns(schema: &Schema, map: &ColumnMap) -> Vec<String> {
     schema
         .fields()
         .iter()
-        .filter(|f| f.name() != &map.caption && Some(f.name()) != map.key.as_ref())
+        .filter(|f| {
+            f.name() != &map.caption
+                && Some(f.name()) != map.key.as_ref()
+                && Some(f.name()) != map.text_embedding.as_ref()
+        })
         .filter(|f| is_image_like(f))
         .map(|f| f.name().clone())
         .collect()

@@ -15,7 +15,9 @@ use super::columns::{check_same_columns, resolve_columns, url_only};
 use super::read::{restore_strings, FileReader, Piece, RowGroupStream};
 use super::rows::{batch_to_pairs, list_values, plain, string_at, RowContext};
 use super::webdataset::{self, PairBatches};
-use super::{ColumnMap, ColumnOptions, FileFormat, ImageKind, InputFile, InputSet, PairRow};
+use super::{
+    ColumnMap, ColumnOptions, FileFormat, ImageKind, InputFile, InputSet, PairRow, TextEmbeddings,
+};
 use crate::error::{invalid, Result};
 use crate::hex::hex;
 use crate::images::ImageBase;
@@ -67,12 +69,28 @@ impl InputSet {
         let first = files.first().ok_or_else(|| {
             invalid("no input files given; expected parquet files or a directory")
         })?;
-        let columns = resolve_columns(&first.path, &first.schema, opts)?;
+        let mut columns = resolve_columns(&first.path, &first.schema, opts)?;
         for f in &files[1..] {
             check_same_columns(&f.path, &f.schema, &columns, &first.path)?;
         }
         if columns.image_kind == ImageKind::Path {
             refuse_urls(first, &columns)?;
+        }
+        let text_embedding_dim = match &columns.text_embedding {
+            Some(t) => embedding_dim(first, t)?,
+            None => None,
+        };
+        // A column without one readable value has no width to check rows
+        // against: the text side cannot use it, and `inspect` just omits it.
+        if let (Some(t), None) = (&columns.text_embedding, text_embedding_dim) {
+            if opts.text_embeddings == TextEmbeddings::Require || opts.text_emb_col.is_some() {
+                return Err(invalid(format!(
+                    "{}: the text-embedding column \"{t}\" holds no readable embedding in its first rows; \
+                     expected a list<float> per row",
+                    first.path.display()
+                )));
+            }
+            columns.text_embedding = None;
         }
         let embedding_dim = if columns.image_kind == ImageKind::Embedding {
             embedding_dim(first, &columns.image)?
@@ -85,6 +103,7 @@ impl InputSet {
             image_root: opts.image_root.clone(),
             image_limits: opts.image_limits,
             embedding_dim,
+            text_embedding_dim,
             fingerprint: Default::default(),
         })
     }
@@ -264,6 +283,7 @@ fn read_footer(path: &Path) -> Result<InputFile> {
 fn pair_columns(map: &ColumnMap) -> Vec<&str> {
     let mut cols = vec![map.image.as_str(), map.caption.as_str()];
     cols.extend(map.key.as_deref());
+    cols.extend(map.text_embedding.as_deref());
     cols
 }
 
@@ -397,6 +417,7 @@ impl PairIter<'_> {
                         image_base: &base,
                         columns: &self.set.columns,
                         embedding_dim: self.set.embedding_dim,
+                        text_embedding_dim: self.set.text_embedding_dim,
                     };
                     let mut rows = batch_to_pairs(&batch, &ctx, first_row)?;
                     for (column, mask) in bad {
@@ -447,6 +468,7 @@ impl PairIter<'_> {
                 key: format!("{stem}:{row}"),
                 image: None,
                 caption: String::new(),
+                text_embedding: None,
                 problem: Some(lost.reason.clone()),
             })
             .collect();

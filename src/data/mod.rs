@@ -89,6 +89,35 @@ pub struct ColumnOptions {
     /// (`--recursive`).
     #[serde(default)]
     pub recursive: bool,
+    /// Explicit text-embedding column (`--text-emb-col`); wins over preset
+    /// and detection. Not serialised when absent, so the options' hash
+    /// (`score --out-dir` markers) stays what it was before the flag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_emb_col: Option<String>,
+    /// Whether a text-embedding column is resolved and read at all.
+    #[serde(default, skip_serializing_if = "TextEmbeddings::is_ignore")]
+    pub text_embeddings: TextEmbeddings,
+}
+
+/// Whether the input's text-embedding column is looked for. It is read
+/// only when the text side uses it (`--text-encoder precomputed`): a
+/// defective value in a column nobody uses must not skip its row.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TextEmbeddings {
+    /// Not looked for (captions are encoded by a text tower).
+    #[default]
+    Ignore,
+    /// Used when present (`inspect` shows what is there).
+    IfPresent,
+    /// Must be present: the text side reads it.
+    Require,
+}
+
+impl TextEmbeddings {
+    fn is_ignore(&self) -> bool {
+        *self == TextEmbeddings::Ignore
+    }
 }
 
 impl ColumnOptions {
@@ -139,6 +168,11 @@ pub struct ColumnMap {
     pub caption: String,
     /// Name of the key column; `None` means keys are `<file stem>:<row>`.
     pub key: Option<String>,
+    /// Name of the precomputed text-embedding column (list<float>), when
+    /// the text side reads one (`--text-encoder precomputed`). The caption
+    /// column stays: labels, filters and reports show it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_embedding: Option<String>,
 }
 
 /// One validated input file.
@@ -174,6 +208,10 @@ pub struct InputSet {
     /// reported as problems, so one truncated row cannot redefine the
     /// dimension for the rest. `None` for other image kinds.
     pub embedding_dim: Option<usize>,
+    /// Expected length of the text embeddings in
+    /// [`ColumnMap::text_embedding`], settled like `embedding_dim`; `None`
+    /// when no text-embedding column is read.
+    pub text_embedding_dim: Option<usize>,
     /// [`InputSet::fingerprint`], once computed: `fit` needs it for its
     /// epoch checkpoints and again for the labels' metadata, and it reads
     /// every input byte.
@@ -211,6 +249,9 @@ pub struct PairRow {
     pub image: Option<ImageValue>,
     /// The caption as stored (empty when null).
     pub caption: String,
+    /// The precomputed text embedding, when the set reads a text-embedding
+    /// column and this row's is usable (finite, of the set's length).
+    pub text_embedding: Option<Vec<f32>>,
     /// Why the row cannot be used, in words for the user.
     pub problem: Option<String>,
 }

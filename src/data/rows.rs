@@ -22,6 +22,7 @@ pub(crate) struct RowContext<'a> {
     pub image_base: &'a ImageBase,
     pub columns: &'a ColumnMap,
     pub embedding_dim: Option<usize>,
+    pub text_embedding_dim: Option<usize>,
 }
 
 /// Dictionary-encoded columns are expanded so the readers below only deal
@@ -105,22 +106,23 @@ pub(crate) fn list_values(array: &dyn Array, row: usize) -> Option<ArrayRef> {
     }
 }
 
+/// One row's embedding, checked: not null, `dim` values when given, no
+/// null or non-finite element. `what` names the column's role in the
+/// reason ("image embedding", "text embedding").
 fn embedding_at(
     array: &dyn Array,
     row: usize,
     dim: Option<usize>,
+    what: &str,
 ) -> std::result::Result<Vec<f32>, String> {
-    let values = list_values(array, row).ok_or("image embedding is null")?;
+    let values = list_values(array, row).ok_or_else(|| format!("{what} is null"))?;
     if let Some(d) = dim {
         if values.len() != d {
-            return Err(format!(
-                "image embedding has length {}, expected {d}",
-                values.len()
-            ));
+            return Err(format!("{what} has length {}, expected {d}", values.len()));
         }
     }
     if values.null_count() > 0 {
-        return Err("image embedding has null values".into());
+        return Err(format!("{what} has null values"));
     }
     let v: Vec<f32> = match values.data_type() {
         DataType::Float32 => values
@@ -133,10 +135,10 @@ fn embedding_at(
             .iter()
             .map(|&x| x as f32)
             .collect(),
-        other => return Err(format!("image embedding has element type {other}")),
+        other => return Err(format!("{what} has element type {other}")),
     };
     if v.iter().any(|x| !x.is_finite()) {
-        return Err("image embedding has non-finite values (NaN or inf)".into());
+        return Err(format!("{what} has non-finite values (NaN or inf)"));
     }
     Ok(v)
 }
@@ -180,6 +182,10 @@ pub(crate) fn batch_to_pairs(
         Some(k) => Some(column(batch, k)?),
         None => None,
     };
+    let text_col = match &ctx.columns.text_embedding {
+        Some(t) => Some(column(batch, t)?),
+        None => None,
+    };
     let mut out = Vec::with_capacity(batch.num_rows());
     for i in 0..batch.num_rows() {
         let source_row = first_row + i;
@@ -215,7 +221,8 @@ pub(crate) fn batch_to_pairs(
                 Some(p) => ctx.image_base.resolve(&p).map(ImageValue::Path),
             },
             ImageKind::Embedding => {
-                embedding_at(image.as_ref(), i, ctx.embedding_dim).map(ImageValue::Embedding)
+                embedding_at(image.as_ref(), i, ctx.embedding_dim, "image embedding")
+                    .map(ImageValue::Embedding)
             }
         };
         let image_value = match image_value {
@@ -226,12 +233,26 @@ pub(crate) fn batch_to_pairs(
             }
         };
 
+        let text_embedding = match &text_col {
+            Some(t) => {
+                match embedding_at(t.as_ref(), i, ctx.text_embedding_dim, "text embedding") {
+                    Ok(v) => Some(v),
+                    Err(p) => {
+                        problems.push(p);
+                        None
+                    }
+                }
+            }
+            None => None,
+        };
+
         out.push(PairRow {
             source_file: ctx.file_index,
             source_row,
             key,
             image: image_value,
             caption,
+            text_embedding,
             problem: (!problems.is_empty()).then(|| problems.join("; ")),
         });
     }

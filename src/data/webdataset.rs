@@ -152,6 +152,7 @@ fn column_map() -> ColumnMap {
         image_kind: ImageKind::Bytes,
         caption: "caption".into(),
         key: Some("key".into()),
+        text_embedding: None,
     }
 }
 
@@ -165,12 +166,20 @@ pub(crate) fn open_set(paths: Vec<PathBuf>, opts: &ColumnOptions) -> Result<Inpu
         ("--key-col", opts.key_col.is_some()),
         ("--preset", opts.preset.is_some()),
         ("--image-root", opts.image_root.is_some()),
+        ("--text-emb-col", opts.text_emb_col.is_some()),
     ] {
         if given {
             return Err(Error::Usage(format!(
                 "{flag} applies to parquet inputs; for tar shards use --caption-from txt|json:FIELD and --key-from name|json:FIELD"
             )));
         }
+    }
+    if opts.text_embeddings == super::TextEmbeddings::Require {
+        return Err(Error::Usage(
+            "--text-encoder precomputed reads a text-embedding column, which tar shards do not have; \
+             use parquet inputs with a list<float> column (e.g. text_emb) or another text encoder"
+                .into(),
+        ));
     }
     let layout = TarLayout {
         caption: opts.caption_from.clone().unwrap_or_default(),
@@ -192,6 +201,7 @@ pub(crate) fn open_set(paths: Vec<PathBuf>, opts: &ColumnOptions) -> Result<Inpu
         image_root: None,
         image_limits: opts.image_limits,
         embedding_dim: None,
+        text_embedding_dim: None,
         fingerprint: Default::default(),
     })
 }
@@ -258,6 +268,7 @@ impl TarSample {
             key: self.key,
             image: self.image.map(ImageValue::Bytes),
             caption: self.caption.unwrap_or_default(),
+            text_embedding: None,
             problem: self.problem,
         }
     }

@@ -9,15 +9,15 @@ use std::time::Instant;
 
 use anyhow::Context;
 use candle_core::Device;
-use ncclean_models::ImageTowerConfig;
+use ncclean_models::{ImageTowerConfig, TextTowerConfig};
 use ncclean_pipelines::division::Division;
 use ncclean_pipelines::{PairScores, Pipeline};
 
 use super::labels::{config_hash, label_rows};
 use super::prepare::{prepare_for, Prepared};
 use crate::checkpoint::{self, CheckpointState};
-use crate::data::{ImageKind, InputSet, LabelRow};
-use crate::encoders::ImageEncoder;
+use crate::data::{ColumnOptions, ImageKind, InputSet, LabelRow, TextEmbeddings};
+use crate::encoders::{ImageEncoder, TextEncoder};
 use crate::error::{invalid, pipeline_at, Error, Result};
 use crate::features::CacheOptions;
 use crate::progress::Reporter;
@@ -71,6 +71,20 @@ impl Engine {
             pipeline,
             device: device.clone(),
         })
+    }
+
+    /// `opts` (the user's column flags) completed with what this checkpoint
+    /// reads: a model trained on precomputed text embeddings needs the text-
+    /// embedding column, under the name it was trained on unless
+    /// `--text-emb-col` names another.
+    pub fn input_options(&self, mut opts: ColumnOptions) -> ColumnOptions {
+        if self.state.encoders.text == TextEncoder::Precomputed {
+            opts.text_embeddings = TextEmbeddings::Require;
+            if opts.text_emb_col.is_none() {
+                opts.text_emb_col = self.state.columns.text_embedding.clone();
+            }
+        }
+        opts
     }
 
     /// Read and decode `input` the way this checkpoint's towers expect.
@@ -319,5 +333,35 @@ fn check_compatible(input: &InputSet, state: &CheckpointState) -> Result<()> {
             )));
         }
     }
-    Ok(())
+    check_text_compatible(input, state)
+}
+
+/// The text side of [`check_compatible`]: precomputed text embeddings of
+/// the trained width exactly when the checkpoint was trained on them.
+fn check_text_compatible(input: &InputSet, state: &CheckpointState) -> Result<()> {
+    let trained = state.encoders.text == TextEncoder::Precomputed;
+    match (trained, &input.columns.text_embedding) {
+        (true, None) => Err(invalid(format!(
+            "{}: the checkpoint was trained on precomputed text embeddings (column {:?}), \
+             but the input has no text-embedding column; name it with --text-emb-col",
+            input.display_name(0),
+            state.columns.text_embedding.as_deref().unwrap_or("")
+        ))),
+        (true, Some(col)) => match (&state.model.text, input.text_embedding_dim) {
+            (TextTowerConfig::Precomputed { dim, .. }, Some(have)) if *dim != have => {
+                Err(invalid(format!(
+                    "{}: text embeddings in column {col:?} have {have} values, the checkpoint expects {dim}; \
+                     score embeddings from the model the training data's came from",
+                    input.display_name(0)
+                )))
+            }
+            _ => Ok(()),
+        },
+        (false, Some(col)) => Err(Error::Usage(format!(
+            "--text-emb-col {col:?}: the checkpoint encodes captions with {}, not precomputed text embeddings; \
+             drop --text-emb-col",
+            state.encoders.text.name()
+        ))),
+        (false, None) => Ok(()),
+    }
 }

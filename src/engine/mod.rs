@@ -55,10 +55,12 @@ pub(crate) fn test_input(rows: &[usize]) -> InputSet {
             image_kind: ImageKind::Bytes,
             caption: "caption".into(),
             key: None,
+            text_embedding: None,
         },
         image_root: None,
         image_limits: Default::default(),
         embedding_dim: None,
+        text_embedding_dim: None,
         fingerprint: Default::default(),
     }
 }

@@ -17,7 +17,7 @@ use ncclean_pipelines::{Observer, TrainConfig};
 use candle_core::Device;
 
 use crate::data::{ImageKind, ImageValue, InputSet, PairRow};
-use crate::encoders::{EncoderSpec, ImageEncoder, ImageTower, TextTower};
+use crate::encoders::{EncoderSpec, ImageEncoder, ImageTower, TextEncoder, TextTower};
 use crate::error::{invalid, Error, Result};
 use crate::features::{self, CacheOptions, Extraction, SideFeatures};
 use crate::images::{self, ImageLimits};
@@ -99,6 +99,17 @@ enum ImagePath {
     /// An embedding column of this width, used as it is.
     Column { dim: usize },
     /// A frozen tower: the feature extraction decodes, encodes and caches.
+    Tower,
+}
+
+/// How the captions of rows become head inputs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum TextPath {
+    /// The demo bag of words trains on the captions' tokens.
+    Tokens,
+    /// A text-embedding column of this width, used as it is.
+    Column { dim: usize },
+    /// A frozen tower: the feature extraction encodes and caches.
     Tower,
 }
 
@@ -221,26 +232,37 @@ struct Pass {
     ids: Vec<u64>,
     /// Per row: the caption, when the demo vocabulary needs it (else empty).
     captions: Vec<String>,
+    /// Per row: which entry of `text_embeddings` is its text embedding, or
+    /// [`NO_SLOT`].
+    text_slots: Vec<u32>,
+    /// Text embeddings of the rows usable so far, in row order (only for
+    /// [`TextPath::Column`]): the only per-pair text memory, 4 × dim bytes.
+    text_embeddings: Vec<f32>,
+    /// Number of entries in `text_embeddings`.
+    text_count: usize,
 }
 
 /// Stream every row of `input` once: frozen towers see each batch through
-/// `extraction`, other images are decoded for `path` (kept only with
-/// `keep`), and captions are kept with `keep_captions`. Memory is bounded by
-/// one read batch plus what is kept.
+/// `extraction`, other images are decoded for `path`, and with `keep` the
+/// images, and the captions or text embeddings that `text` reads, are
+/// kept. Memory is bounded by one read batch plus what is kept.
 fn read_pass(
     input: &InputSet,
     path: ImagePath,
+    text: TextPath,
     mut extraction: Option<&mut Extraction>,
     keep: bool,
-    keep_captions: bool,
     rep: &Reporter,
 ) -> Result<Pass> {
+    let keep_captions = keep && text == TextPath::Tokens;
+    let keep_text_embeddings = keep && matches!(text, TextPath::Column { .. });
     let n = input.num_rows();
     let mut pass = Pass {
         rows: Vec::with_capacity(n),
         slots: Vec::with_capacity(n),
         ids: Vec::with_capacity(n),
         captions: Vec::with_capacity(n),
+        text_slots: Vec::with_capacity(n),
         ..Pass::default()
     };
     let mut obs = rep.observer();
@@ -279,6 +301,13 @@ fn read_pass(
             } else {
                 String::new()
             });
+            let mut text_slot = NO_SLOT;
+            if let (true, None, Some(t)) = (keep_text_embeddings, &error, &r.text_embedding) {
+                text_slot = pass.text_count as u32;
+                pass.text_count += 1;
+                pass.text_embeddings.extend_from_slice(t);
+            }
+            pass.text_slots.push(text_slot);
             pass.slots.push(slot);
             pass.ids.push(id);
             pass.rows.push(RowRecord {
@@ -319,7 +348,7 @@ pub fn scan(input: &InputSet, rep: &Reporter) -> Result<Vec<RowRecord>> {
         },
         _ => ImagePath::Pixels { size: 8 },
     };
-    Ok(read_pass(input, path, None, false, false, rep)?.rows)
+    Ok(read_pass(input, path, TextPath::Tower, None, false, rep)?.rows)
 }
 
 fn embedding_dim(input: &InputSet) -> Result<usize> {
@@ -372,6 +401,18 @@ pub fn prepare_for(
     if want_local && column {
         return Err(no_local_features(input));
     }
+    let text = if enc.text == TextEncoder::Precomputed {
+        if want_local {
+            return Err(no_local_text_features(input));
+        }
+        TextPath::Column {
+            dim: text_embedding_dim(input)?,
+        }
+    } else if ttower.is_some() {
+        TextPath::Tower
+    } else {
+        TextPath::Tokens
+    };
     let path = if itower.is_some() {
         ImagePath::Tower
     } else if column {
@@ -395,14 +436,7 @@ pub fn prepare_for(
     } else {
         None
     };
-    let pass = read_pass(
-        input,
-        path,
-        extraction.as_mut(),
-        true,
-        ttower.is_none(),
-        rep,
-    )?;
+    let pass = read_pass(input, path, text, extraction.as_mut(), true, rep)?;
     let (image_features, text_features) = match extraction {
         Some(ex) => {
             let done = ex.finish(rep)?;
@@ -410,7 +444,16 @@ pub fn prepare_for(
         }
         None => (None, None),
     };
-    assemble(pass, path, image_features, text_features, vocab, cfg)
+    assemble(pass, path, text, image_features, text_features, vocab, cfg)
+}
+
+fn text_embedding_dim(input: &InputSet) -> Result<usize> {
+    input.text_embedding_dim.ok_or_else(|| {
+        invalid(format!(
+            "{}: --text-encoder precomputed needs a list<float> text-embedding column; name it with --text-emb-col",
+            input.display_name(0)
+        ))
+    })
 }
 
 /// Turn the pass and the frozen towers' features into head inputs: a row
@@ -419,6 +462,7 @@ pub fn prepare_for(
 fn assemble(
     pass: Pass,
     path: ImagePath,
+    text: TextPath,
     mut image_features: Option<SideFeatures>,
     mut text_features: Option<SideFeatures>,
     vocab: Option<&Vocab>,
@@ -432,7 +476,11 @@ fn assemble(
         decoded,
         ids,
         mut captions,
+        text_slots,
+        text_embeddings,
+        text_count,
     } = pass;
+    let mut ok_text_slots = Vec::new();
     let mut ok = Vec::new();
     let mut ok_slots = Vec::new();
     let mut image_ids = Vec::new();
@@ -471,10 +519,14 @@ fn assemble(
                 image_ids.push(ids[row]);
             }
         }
-        match &text_features {
-            Some(f) => texts.extend_from_slice(f.row(row).unwrap_or_default()),
-            None => ok_captions.push(std::mem::take(&mut captions[row])),
+        match (text, &text_features) {
+            (TextPath::Column { .. }, _) => ok_text_slots.push(text_slots[row]),
+            (_, Some(f)) => texts.extend_from_slice(f.row(row).unwrap_or_default()),
+            (_, None) => ok_captions.push(std::mem::take(&mut captions[row])),
         }
+    }
+    if ok_text_slots.contains(&NO_SLOT) {
+        return Err(invalid("a usable pair has no text embedding"));
     }
     // The local tables are moved, not copied: they are the bulk of the memory.
     let image_local = match image_features.as_mut() {
@@ -525,8 +577,20 @@ fn assemble(
             return Err(invalid("the image tower returned no features"));
         }
     };
-    let (texts, text, vocab) = match &text_features {
-        Some(f) => {
+    let (texts, text, vocab) = match (text, &text_features) {
+        (TextPath::Column { dim }, _) => (
+            TextInputs::Embeddings {
+                data: take_slots(text_embeddings, text_count, &ok_text_slots),
+                dim,
+                local: None,
+            },
+            TextTowerConfig::Precomputed {
+                dim,
+                local_dim: None,
+            },
+            None,
+        ),
+        (_, Some(f)) => {
             let local_dim = text_local.as_ref().map(|l| l.dim);
             (
                 TextInputs::Embeddings {
@@ -541,7 +605,7 @@ fn assemble(
                 None,
             )
         }
-        None => {
+        (_, None) => {
             let v = match vocab {
                 Some(v) => v.clone(),
                 None => Vocab::build(
@@ -579,6 +643,16 @@ fn no_local_features(input: &InputSet) -> Error {
          (--image-encoder mobilenet_v2 or clip) or the demo towers, or use --head mean with another method",
         input.display_name(0),
         input.columns.image
+    ))
+}
+
+fn no_local_text_features(input: &InputSet) -> Error {
+    Error::Usage(format!(
+        "{}: the GPO head and the recon method need local features (image regions and caption tokens), \
+         but the text-embedding column {:?} holds one global embedding per caption. Encode the captions \
+         with a frozen tower (--text-encoder minilm or clip) or the demo tower, or use --head mean with another method",
+        input.display_name(0),
+        input.columns.text_embedding.as_deref().unwrap_or("")
     ))
 }
 

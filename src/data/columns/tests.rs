@@ -261,3 +261,129 @@ fn a_list_of_images_per_row_is_explained() {
     assert!(msg.contains("list of images per row"), "{msg}");
     assert!(msg.contains("explode(\"images\")"), "{msg}");
 }
+
+fn wanting_text(mode: TextEmbeddings) -> ColumnOptions {
+    ColumnOptions {
+        text_embeddings: mode,
+        ..ColumnOptions::default()
+    }
+}
+
+#[test]
+fn text_embedding_column_is_resolved_only_when_asked_for() {
+    let s = schema(vec![
+        ("img_emb", float_list()),
+        ("caption", DataType::Utf8),
+        ("txt_emb", float_list()),
+        ("TEXT_EMB", float_list()),
+    ]);
+    // Not read unless the text side uses it.
+    let m = resolve(&s, &ColumnOptions::default()).unwrap();
+    assert_eq!(m.text_embedding, None);
+    // Detection walks its list in order: text_emb (any case) before txt_emb.
+    for mode in [TextEmbeddings::IfPresent, TextEmbeddings::Require] {
+        let m = resolve(&s, &wanting_text(mode)).unwrap();
+        assert_eq!(m.text_embedding.as_deref(), Some("TEXT_EMB"));
+        assert_eq!(m.image, "img_emb", "the image side is unchanged");
+    }
+    // An explicit name wins, and implies the column is read.
+    let opts = ColumnOptions {
+        text_emb_col: Some("txt_emb".into()),
+        ..ColumnOptions::default()
+    };
+    assert_eq!(
+        resolve(&s, &opts).unwrap().text_embedding.as_deref(),
+        Some("txt_emb")
+    );
+    // Presets look at their own names first.
+    let s = schema(vec![
+        ("jpg", DataType::Binary),
+        ("caption", DataType::Utf8),
+        ("text_embedding", float_list()),
+        ("l14_txt", float_list()),
+    ]);
+    let opts = ColumnOptions {
+        preset: Some(Preset::Datacomp),
+        ..wanting_text(TextEmbeddings::Require)
+    };
+    assert_eq!(
+        resolve(&s, &opts).unwrap().text_embedding.as_deref(),
+        Some("l14_txt")
+    );
+}
+
+#[test]
+fn text_embedding_column_must_exist_and_hold_floats_when_required() {
+    let s = schema(vec![
+        ("jpg", DataType::Binary),
+        ("caption", DataType::Utf8),
+        ("text_emb", DataType::Utf8),
+    ]);
+    // A string column of a text-embedding name is not one; absent is fine
+    // when merely looked for, an error naming the flag when required.
+    let m = resolve(&s, &wanting_text(TextEmbeddings::IfPresent)).unwrap();
+    assert_eq!(m.text_embedding, None);
+    let e = resolve(&s, &wanting_text(TextEmbeddings::Require))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no text-embedding column found")
+            && e.contains("text_embedding/text_emb/txt_emb")
+            && e.contains("--text-emb-col"),
+        "{e}"
+    );
+    let opts = ColumnOptions {
+        text_emb_col: Some("text_emb".into()),
+        ..ColumnOptions::default()
+    };
+    let e = resolve(&s, &opts).unwrap_err().to_string();
+    assert!(
+        e.contains("\"text_emb\" has type Utf8, expected a list<float> text embedding"),
+        "{e}"
+    );
+    // One column cannot be both the image and the text embedding.
+    let s = schema(vec![("caption", DataType::Utf8), ("img_emb", float_list())]);
+    let opts = ColumnOptions {
+        text_emb_col: Some("img_emb".into()),
+        ..ColumnOptions::default()
+    };
+    let e = resolve(&s, &opts).unwrap_err().to_string();
+    assert!(
+        e.contains("cannot be both the text embedding and the image"),
+        "{e}"
+    );
+}
+
+#[test]
+fn other_files_must_have_the_text_embedding_column_too() {
+    let first = schema(vec![
+        ("jpg", DataType::Binary),
+        ("caption", DataType::Utf8),
+        ("text_emb", float_list()),
+    ]);
+    let map = resolve(&first, &wanting_text(TextEmbeddings::Require)).unwrap();
+    let other = schema(vec![("jpg", DataType::Binary), ("caption", DataType::Utf8)]);
+    let e = check_same_columns(Path::new("b.parquet"), &other, &map, Path::new("a.parquet"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("column \"text_emb\" not found"), "{e}");
+    // The text embedding travels with its caption, not with the image.
+    assert_eq!(image_columns(&first, &map), vec!["jpg".to_string()]);
+}
+
+#[test]
+fn options_without_text_embeddings_serialise_as_before_the_flag() {
+    // `score --out-dir` hashes the serialised options into its markers:
+    // runs that do not use the flag keep their markers valid.
+    let json = serde_json::to_value(ColumnOptions::default()).unwrap();
+    assert!(json.get("text_emb_col").is_none(), "{json}");
+    assert!(json.get("text_embeddings").is_none(), "{json}");
+    let opts = ColumnOptions {
+        text_emb_col: Some("t".into()),
+        text_embeddings: TextEmbeddings::Require,
+        ..ColumnOptions::default()
+    };
+    let json = serde_json::to_value(&opts).unwrap();
+    assert_eq!(json["text_emb_col"], "t");
+    assert_eq!(json["text_embeddings"], "require");
+}

@@ -467,3 +467,93 @@ fn a_path_column_of_urls_is_refused_up_front() {
     );
     assert!(open(&[g]).is_ok());
 }
+
+#[test]
+fn text_embeddings_are_read_and_checked_like_image_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_parquet(
+        dir.path(),
+        "t.parquet",
+        vec![
+            (
+                "jpg",
+                binaries(&[
+                    Some(&b"a"[..]),
+                    Some(&b"b"[..]),
+                    Some(&b"c"[..]),
+                    Some(&b"d"[..]),
+                ]),
+            ),
+            (
+                "caption",
+                strings(&[Some("a"), Some("b"), Some("c"), Some("d")]),
+            ),
+            (
+                "text_emb",
+                float_lists(&[
+                    Some(vec![0.5, -1.0]),
+                    None,
+                    Some(vec![1.0]),
+                    Some(vec![f32::NAN, 0.0]),
+                ]),
+            ),
+        ],
+    );
+    // Ignored by default: its defects skip no row.
+    let set = open(std::slice::from_ref(&p)).unwrap();
+    assert_eq!(set.text_embedding_dim, None);
+    assert!(all_pairs(&set, 3)
+        .iter()
+        .all(|r| r.problem.is_none() && r.text_embedding.is_none()));
+
+    let opts = ColumnOptions {
+        text_embeddings: crate::data::TextEmbeddings::Require,
+        ..ColumnOptions::default()
+    };
+    let set = InputSet::open(&[p], &opts).unwrap();
+    assert_eq!(set.columns.text_embedding.as_deref(), Some("text_emb"));
+    // The most common length among the first rows.
+    assert_eq!(set.text_embedding_dim, Some(2));
+    let rows = all_pairs(&set, 3);
+    assert_eq!(rows[0].text_embedding, Some(vec![0.5, -1.0]));
+    assert_eq!(rows[0].problem, None);
+    assert_eq!(rows[0].caption, "a", "the caption is still read");
+    assert_eq!(rows[1].problem.as_deref(), Some("text embedding is null"));
+    assert_eq!(
+        rows[2].problem.as_deref(),
+        Some("text embedding has length 1, expected 2")
+    );
+    assert_eq!(
+        rows[3].problem.as_deref(),
+        Some("text embedding has non-finite values (NaN or inf)")
+    );
+    assert!(rows[1..].iter().all(|r| r.text_embedding.is_none()));
+}
+
+#[test]
+fn a_text_embedding_column_without_values_is_an_error_only_when_required() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_parquet(
+        dir.path(),
+        "n.parquet",
+        vec![
+            ("jpg", binaries(&[Some(&b"a"[..]), Some(&b"b"[..])])),
+            ("caption", strings(&[Some("a"), Some("b")])),
+            ("text_emb", float_lists(&[None, None])),
+        ],
+    );
+    let with = |mode| ColumnOptions {
+        text_embeddings: mode,
+        ..ColumnOptions::default()
+    };
+    let set = InputSet::open(
+        std::slice::from_ref(&p),
+        &with(crate::data::TextEmbeddings::IfPresent),
+    )
+    .unwrap();
+    assert_eq!(set.columns.text_embedding, None);
+    assert_invalid(
+        InputSet::open(&[p], &with(crate::data::TextEmbeddings::Require)),
+        &["n.parquet", "\"text_emb\" holds no readable embedding"],
+    );
+}

@@ -1,0 +1,381 @@
+//! Precomputed text embeddings (`--text-encoder precomputed`): the
+//! embedding-only workflow of LAION / DataComp data (`img_emb` + `text_emb`),
+//! from fit through score, and the refusals around it.
+
+mod common;
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::builder::{Float32Builder, ListBuilder};
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, StringArray};
+use arrow_schema::{Field, Schema};
+use common::{eval_json, ncclean, ok, p};
+use ncclean::data::{read_labels, RowStatus};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+
+/// Pairs in the synthetic set, and the share whose text is unrelated.
+const PAIRS: usize = 400;
+const NOISY_EVERY: usize = 3;
+
+fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>) {
+    let fields: Vec<Field> = columns
+        .iter()
+        .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
+        .collect();
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        columns.into_iter().map(|(_, a)| a).collect(),
+    )
+    .unwrap();
+    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+/// A small deterministic generator (xorshift), uniform in [-1, 1).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+fn list(rows: &[Option<Vec<f32>>]) -> ArrayRef {
+    let mut b = ListBuilder::new(Float32Builder::new());
+    for r in rows {
+        match r {
+            Some(v) => {
+                b.values().append_slice(v);
+                b.append(true);
+            }
+            None => b.append(false),
+        }
+    }
+    Arc::new(b.finish())
+}
+
+/// `PAIRS` pairs: a clean pair's image and text embeddings are two noisy
+/// views of one latent vector (the text one through a fixed linear map),
+/// every `NOISY_EVERY`th pair's text embedding is drawn independently
+/// (`noisy` = true). Row 5's text embedding is null. Returns the path.
+fn embedding_pairs(dir: &Path, img_dim: usize, txt_dim: usize) -> std::path::PathBuf {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let map: Vec<Vec<f32>> = (0..txt_dim).map(|_| rng.vec(img_dim)).collect();
+    let (mut img, mut txt, mut keys, mut caps, mut noisy) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..PAIRS {
+        let z = rng.vec(img_dim);
+        let view: Vec<f32> = z.iter().map(|x| x + 0.1 * rng.next()).collect();
+        let is_noisy = i % NOISY_EVERY == 1;
+        let t: Vec<f32> = if is_noisy {
+            rng.vec(txt_dim)
+        } else {
+            map.iter()
+                .map(|row| row.iter().zip(&z).map(|(a, b)| a * b).sum::<f32>() + 0.1 * rng.next())
+                .collect()
+        };
+        img.push(Some(view));
+        txt.push((i != 5).then_some(t));
+        keys.push(format!("k{i}"));
+        caps.push(format!("caption {i}"));
+        noisy.push(is_noisy);
+    }
+    let path = dir.join("emb.parquet");
+    write_parquet(
+        &path,
+        vec![
+            ("key", Arc::new(StringArray::from(keys)) as ArrayRef),
+            ("img_emb", list(&img)),
+            ("text_emb", list(&txt)),
+            ("caption", Arc::new(StringArray::from(caps)) as ArrayRef),
+            ("noisy", Arc::new(BooleanArray::from(noisy)) as ArrayRef),
+        ],
+    );
+    path
+}
+
+fn fit(data: &Path, run: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "fit",
+        p(data),
+        "--out-dir",
+        p(run),
+        "--image-encoder",
+        "precomputed",
+        "--text-encoder",
+        "precomputed",
+        "--method",
+        "vanilla",
+        "--epochs",
+        "8",
+        "--warmup-epochs",
+        "2",
+        "--batch-size",
+        "32",
+    ];
+    args.extend_from_slice(extra);
+    ncclean(&args)
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn embedding_only_fit_separates_noise_and_score_reproduces_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = embedding_pairs(tmp.path(), 16, 12);
+    let run = tmp.path().join("run");
+    let out = fit(&data, &run, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let (labels, _) = read_labels(&run.join("labels.parquet")).unwrap();
+    assert_eq!(labels.len(), PAIRS);
+    // The null text embedding skips its row, with the reason; the caption
+    // column still reaches the labels' keys and rows.
+    assert_eq!(labels[5].status, RowStatus::Skipped);
+    assert_eq!(labels[5].error.as_deref(), Some("text embedding is null"));
+    assert_eq!(
+        labels.iter().filter(|l| l.status == RowStatus::Ok).count(),
+        PAIRS - 1
+    );
+    let m = eval_json(&run.join("labels.parquet"), &data);
+    let auroc = m["auroc"].as_f64().unwrap();
+    eprintln!("embedding-only fit: {m}");
+    assert!(auroc > 0.9, "AUROC {auroc} (chance is 0.5): {m}");
+
+    // The checkpoint records the text side: encoder, column, width.
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap()).unwrap();
+    assert_eq!(state["encoders"]["text"], "precomputed");
+    assert_eq!(state["columns"]["text_embedding"], "text_emb");
+    assert_eq!(state["model"]["text"]["kind"], "precomputed");
+    assert_eq!(state["model"]["text"]["dim"], 12);
+
+    // `score` finds the column by the checkpoint's name and reproduces
+    // fit's labels exactly.
+    let scored = tmp.path().join("scored.parquet");
+    ok(&[
+        "score",
+        p(&data),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&scored),
+    ]);
+    assert_eq!(read_labels(&scored).unwrap().0, labels);
+
+    // Data without the column: invalid input (exit 3) naming it.
+    let bare = tmp.path().join("bare.parquet");
+    let mut rng = Rng(7);
+    write_parquet(
+        &bare,
+        vec![
+            (
+                "img_emb",
+                list(&(0..4).map(|_| Some(rng.vec(16))).collect::<Vec<_>>()),
+            ),
+            (
+                "caption",
+                Arc::new(StringArray::from(vec!["a", "b", "c", "d"])) as ArrayRef,
+            ),
+        ],
+    );
+    let out_path = tmp.path().join("bare-labels.parquet");
+    let out = ncclean(&[
+        "score",
+        p(&bare),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&out_path),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("\"text_emb\" not found"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!out_path.exists());
+
+    // Text embeddings of another width: exit 3, both widths named.
+    let wide = tmp.path().join("wide");
+    std::fs::create_dir(&wide).unwrap();
+    let wide = embedding_pairs(&wide, 16, 20);
+    let out = ncclean(&[
+        "score",
+        p(&wide),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&out_path),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("have 20 values, the checkpoint expects 12"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Demo data (pixels) with a `text_emb` column added: a bag of hashed
+/// caption words, so equal captions get equal embeddings.
+fn demo_with_text_emb(dir: &Path, pairs: usize) -> std::path::PathBuf {
+    let data = common::demo(dir, pairs);
+    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&data).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let out = dir.join("demo_text_emb.parquet");
+    let mut writer: Option<ArrowWriter<File>> = None;
+    for batch in reader {
+        let batch = batch.unwrap();
+        let caps = batch
+            .column_by_name("caption")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap();
+        let rows: Vec<Option<Vec<f32>>> = (0..caps.len())
+            .map(|i| {
+                let mut v = vec![0f32; 8];
+                for w in caps.value(i).split_whitespace() {
+                    let h = w.bytes().fold(7usize, |h, b| h * 31 + b as usize);
+                    v[h % 8] += 1.0;
+                }
+                Some(v)
+            })
+            .collect();
+        let mut fields: Vec<Field> = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        let mut cols = batch.columns().to_vec();
+        let emb = list(&rows);
+        fields.push(Field::new("text_emb", emb.data_type().clone(), true));
+        cols.push(emb);
+        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap();
+        let w = writer.get_or_insert_with(|| {
+            ArrowWriter::try_new(File::create(&out).unwrap(), batch.schema(), None).unwrap()
+        });
+        w.write(&batch).unwrap();
+    }
+    writer.unwrap().close().unwrap();
+    out
+}
+
+#[test]
+fn pixels_train_beside_precomputed_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo_with_text_emb(tmp.path(), 64);
+    let run = tmp.path().join("run");
+    let out = common::quick_fit(
+        &data,
+        &run,
+        &["--text-encoder", "precomputed", "--method", "vanilla"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap()).unwrap();
+    assert_eq!(
+        state["model"]["image"]["kind"], "demo_cnn",
+        "{}",
+        state["model"]
+    );
+    assert_eq!(state["model"]["text"]["kind"], "precomputed");
+    assert_eq!(state["model"]["text"]["dim"], 8);
+    assert!(state["vocab"].is_null(), "no caption vocabulary is built");
+    let (labels, _) = read_labels(&run.join("labels.parquet")).unwrap();
+    assert_eq!(labels.len(), 64);
+}
+
+#[test]
+fn methods_that_need_caption_tokens_refuse_precomputed_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo_with_text_emb(tmp.path(), 16);
+    let run = tmp.path().join("run");
+    // The images are pixels, so the refusal is the text side's: recon and
+    // the GPO head need caption tokens, a text embedding has none.
+    for extra in [&["--method", "recon"][..], &["--head", "gpo"][..]] {
+        let mut args = vec![
+            "fit",
+            p(&data),
+            "--out-dir",
+            p(&run),
+            "--text-encoder",
+            "precomputed",
+        ];
+        args.extend_from_slice(extra);
+        let out = ncclean(&args);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        let e = stderr(&out);
+        assert!(
+            e.contains("local features") && e.contains("text-embedding column \"text_emb\""),
+            "{e}"
+        );
+        assert!(!run.exists());
+    }
+}
+
+#[test]
+fn text_encoder_precomputed_without_a_column_says_how_to_name_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = common::demo(tmp.path(), 20);
+    let out = ncclean(&[
+        "fit",
+        p(&data),
+        "--out-dir",
+        p(&tmp.path().join("run")),
+        "--text-encoder",
+        "precomputed",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let e = stderr(&out);
+    assert!(
+        e.contains("no text-embedding column found") && e.contains("--text-emb-col"),
+        "{e}"
+    );
+    // A named column that is not there is named back.
+    let out = ncclean(&[
+        "inspect",
+        p(&data),
+        "--text-emb-col",
+        "txt_vec",
+        "--no-decode",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("\"txt_vec\" not found"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn inspect_shows_the_text_embedding_column() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = embedding_pairs(tmp.path(), 8, 6);
+    let v: serde_json::Value =
+        serde_json::from_str(ok(&["inspect", p(&data), "--json"]).trim()).unwrap();
+    assert_eq!(v["columns"]["text_embedding"], "text_emb");
+    assert_eq!(v["text_embedding_dim"], 6);
+    assert_eq!(v["unusable"], 1, "{v}");
+    let text = ok(&["inspect", p(&data), "--no-decode"]);
+    assert!(
+        text.contains("text embedding: text_emb (length 6"),
+        "{text}"
+    );
+}
