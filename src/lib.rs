@@ -24,6 +24,7 @@ pub mod progress;
 pub mod retrieval;
 pub mod rundir;
 pub mod shards;
+pub mod signal;
 pub mod temp;
 pub mod threads;
 pub mod threshold;

@@ -18,6 +18,7 @@ mod fit;
 mod gpu_check;
 mod inspect;
 mod score;
+mod threshold;
 mod towers;
 
 /// Find and clean mismatched image–caption pairs.
