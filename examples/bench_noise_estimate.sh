@@ -11,6 +11,8 @@
 #   mixture    the final division's noisy-component weight (checkpoint state)
 #   count<0.5  the share of clean_prob below 0.5 (what runs reported before #14)
 #   sep        the division's separation D (stats.json, `division`)
+#   random-like the model's own reference (stats.json, `signal`): twice the
+#              share of pairs below the median similarity of random pairings
 #   precision  realised precision of the pairs kept at clean_prob >= 0.5
 #              against the expected precision the run reports for that cut
 #   P>=0.95    realised precision and kept share of --target-precision 0.95
@@ -55,8 +57,8 @@ train_file() {
   echo "$f"
 }
 
-echo "| method | truth | estimate | mixture | count<0.5 | sep | precision at 0.5 (expected) | P>=0.95: precision, kept | warning |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| method | truth | estimate | mixture | count<0.5 | sep | random-like | precision at 0.5 (expected) | P>=0.95: precision, kept | warning |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for rate in "${rates[@]}"; do
   train=$(train_file "$rate")
   for m in "${methods[@]}"; do
@@ -82,6 +84,7 @@ mix = div.get("mixture")
 mixture = f"{1 - mix['weights'][div['clean_component']]:.3f}" if mix else "none"
 cut = stats.get("cut") or {}
 sep = (stats.get("division") or {}).get("separation")
+rl = (stats.get("signal") or {}).get("random_like_share")
 def precision(keep):
     return 1 - noisy[keep].mean() if keep.any() else float("nan")
 kept = p >= 0.5
@@ -96,7 +99,7 @@ tp = p >= order[k - 1] if k else np.zeros(len(p), dtype=bool)
 estimate = stats["estimated_noise_rate"] if "cut" in stats else (1 - p).mean()
 warn = "; ".join(w.split(":")[0] for w in stats.get("warnings", [])) or "–"
 print(f"| {m} | {noisy.mean():.3f} | {estimate:.3f} | {mixture} | {(p < 0.5).mean():.3f} | "
-      f"{sep if sep is None else f'{sep:.2f}'} | {precision(kept):.3f} ({cut.get('expected_precision', p[kept].mean()):.3f}) | "
+      f"{'–' if sep is None else f'{sep:.2f}'} | {'–' if rl is None else f'{rl:.3f}'} | {precision(kept):.3f} ({cut.get('expected_precision', p[kept].mean()):.3f}) | "
       f"{precision(tp):.3f}, {tp.mean():.1%} | {warn} |")
 PY
 )

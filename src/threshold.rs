@@ -518,7 +518,7 @@ mod tests {
         let merged = Cut::from_tally(Rule::MinProb(0.6), 0.6, &t);
         assert_eq!(merged.kept, whole.kept);
         assert!((merged.expected_precision - whole.expected_precision).abs() < 1e-12);
-        assert!((merged.estimated_noise_rate - 2.6 / 6.0).abs() < 1e-9);
+        assert!((merged.estimated_noise_rate - 2.6 / 6.0).abs() < 1e-6);
     }
 
     #[test]
