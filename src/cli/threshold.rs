@@ -11,8 +11,9 @@ use crate::threshold::Rule;
 #[derive(Debug, Clone, Default, Args)]
 #[group(id = "rule", multiple = false)]
 pub struct ThresholdArgs {
-    /// Keep pairs with clean_prob >= P (is_clean). Default for fit: 0.5, the
-    /// method's own division (or the configuration's `threshold`).
+    /// Keep pairs with clean_prob >= P. Without a rule, fit keeps
+    /// clean_prob >= 0.5, the method's own division (or the configuration's
+    /// `threshold`), score applies fit's cut and filter the labels' is_clean.
     #[arg(long, value_name = "P", alias = "threshold")]
     pub min_prob: Option<f64>,
     /// Keep this fraction of the pairs, highest clean_prob first (0.8 keeps
