@@ -313,3 +313,55 @@ fn fit_warns_on_noise_free_data_and_on_data_without_signal() {
     );
     assert_eq!(stats(&run)["warnings"], serde_json::json!([]));
 }
+
+#[test]
+fn shards_scored_apart_get_one_cut_for_a_fraction_rule() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shards = tmp.path().join("shards");
+    ok(&[
+        "demo",
+        "--out",
+        p(&shards),
+        "--pairs",
+        "1200",
+        "--embedding-dim",
+        "32",
+        "--shards",
+        "2",
+        "--seed",
+        "0",
+    ]);
+    let run = tmp.path().join("run");
+    fit(&shards, &run, &[]);
+    let labels = tmp.path().join("labels");
+    // One worker per shard, each resolving --keep-fraction: on the
+    // training distribution, so both write the same cut.
+    for i in ["0", "1"] {
+        ok(&[
+            "score",
+            p(&shards),
+            "--checkpoint",
+            p(&run),
+            "--out-dir",
+            p(&labels),
+            "--num-shards",
+            "2",
+            "--shard-index",
+            i,
+            "--keep-fraction",
+            "0.4",
+        ]);
+    }
+    let record = Record::load(&run.join("checkpoint")).unwrap().unwrap();
+    let want = record.cut_for(Rule::KeepFraction(0.4)).min_prob;
+    for stem in ["demo-00000", "demo-00001"] {
+        let (rows, meta) = read_labels(&labels.join(format!("{stem}.parquet"))).unwrap();
+        assert_eq!(meta["ncclean.threshold"], want.to_string(), "{stem}");
+        for l in &rows {
+            assert_eq!(
+                l.is_clean,
+                l.clean_prob.is_some_and(|c| f64::from(c) >= want)
+            );
+        }
+    }
+}
