@@ -189,7 +189,9 @@ impl Engine {
             .context("similarity")?)
     }
 
-    /// Score prepared pairs: the one scoring path of `fit` and `score`.
+    /// Score prepared pairs with this engine's cut, with the labels'
+    /// metadata ([`Engine::score_rows`] is the one scoring path of `fit`
+    /// and `score`).
     pub fn score(
         &self,
         input: &InputSet,
@@ -208,9 +210,10 @@ impl Engine {
         Ok(Scored { metadata, ..rows })
     }
 
-    /// [`Engine::score`] without the labels' metadata (which reads every
-    /// input byte for the fingerprint): for callers that score an input in
-    /// pieces and describe the whole once ([`Engine::metadata`]).
+    /// Score prepared pairs: the one scoring path of `fit` and `score`.
+    /// Without the labels' metadata (which reads every input byte for the
+    /// fingerprint): callers that score an input in pieces describe the
+    /// whole once ([`Engine::metadata`]).
     pub fn score_rows(
         &self,
         input: &InputSet,
