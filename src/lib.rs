@@ -25,6 +25,7 @@ pub mod report;
 pub mod retrieval;
 pub mod rundir;
 pub mod shards;
+pub mod signal;
 pub mod temp;
 pub mod threads;
 pub mod threshold;

@@ -9,11 +9,24 @@
 //! estimated noise rate of the data (the mean of `1 - clean_prob`, which is
 //! the mixture's noisy weight at its fixed point), so every cut comes with
 //! those two numbers rather than a count at a fixed 0.5.
+//!
+//! A rule that depends on the distribution (a fraction, a precision) must
+//! give one cut on every shard that `score` labels apart, so `fit` resolves
+//! it once on the training pairs and stores the cut with a [`Sketch`] of
+//! their distribution ([`Record`], `checkpoint/threshold.json`); `score`
+//! applies that cut, or resolves a new rule on the sketch, never per shard.
 
 use std::fmt;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{invalid, Result};
 
 /// The user's rule for the clean set.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "rule", content = "value", rename_all = "snake_case")]
 pub enum Rule {
     /// Keep `clean_prob >= p` (the default, 0.5, is the method's own
     /// division).
@@ -38,6 +51,14 @@ impl Default for Rule {
 /// at least even.
 pub const DEFAULT_MIN_PROB: f64 = 0.5;
 
+/// The cut of a rule that keeps no pair: above every probability, and
+/// finite so that it survives JSON.
+pub const KEEP_NONE: f64 = 2.0;
+
+/// Most points a [`Sketch`] holds: a cut resolved on it lands within one
+/// point (0.1% of the pairs) of the cut on the full distribution.
+pub const SKETCH_POINTS: usize = 1001;
+
 impl Rule {
     /// The flag a user writes for this rule (used in messages).
     pub fn flag(&self) -> &'static str {
@@ -50,7 +71,7 @@ impl Rule {
     }
 
     /// Check the rule's value: every value is a probability or a fraction.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> std::result::Result<(), String> {
         let v = match *self {
             Rule::MinProb(v) | Rule::KeepFraction(v) | Rule::TargetPrecision(v) => v,
             Rule::RemoveNoise(Some(v)) => v,
@@ -63,24 +84,25 @@ impl Rule {
         }
     }
 
-    /// Resolve the rule on the scored pairs' `clean_prob`s.
-    pub fn resolve(&self, probs: &[f32]) -> Cut {
+    /// The absolute cut of the rule on these `clean_prob`s (non-finite
+    /// values are not scores and are passed over).
+    pub fn min_prob(&self, probs: &[f32]) -> f64 {
         let mut sorted: Vec<f32> = probs.iter().copied().filter(|p| p.is_finite()).collect();
         sorted.sort_by(|a, b| b.total_cmp(a));
-        let noise = estimated_noise_rate(&sorted);
         let keep_top = |k: usize| -> f64 {
             if k == 0 {
-                f64::INFINITY
+                KEEP_NONE
             } else {
                 f64::from(sorted[k.min(sorted.len()) - 1])
             }
         };
         let fraction = |f: f64| (f * sorted.len() as f64).round() as usize;
-        let cut = match *self {
+        match *self {
             Rule::MinProb(p) => p,
             Rule::KeepFraction(f) => keep_top(fraction(f)),
             Rule::RemoveNoise(r) => {
-                keep_top(sorted.len() - fraction(r.unwrap_or(noise)).min(sorted.len()))
+                let rate = r.unwrap_or_else(|| estimated_noise_rate(&sorted));
+                keep_top(sorted.len() - fraction(rate).min(sorted.len()))
             }
             Rule::TargetPrecision(p) => {
                 // The running mean of a descending list never rises, so the
@@ -97,8 +119,13 @@ impl Rule {
                 }
                 keep_top(best)
             }
-        };
-        Cut::at(*self, cut, &sorted, noise)
+        }
+    }
+
+    /// Resolve the rule on the scored pairs' `clean_prob`s: the cut and
+    /// what it does to them.
+    pub fn resolve(&self, probs: &[f32]) -> Cut {
+        Cut::of(*self, self.min_prob(probs), probs)
     }
 }
 
@@ -117,13 +144,53 @@ impl fmt::Display for Rule {
     }
 }
 
+/// Running sums of a cut over scored pairs, added a file at a time (so
+/// `score` need not hold every file's probabilities to report the whole).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tally {
+    scored: usize,
+    kept: usize,
+    kept_sum: f64,
+    noise_sum: f64,
+    removed_noise: f64,
+}
+
+impl Tally {
+    /// Add the pairs `probs` under the cut `min_prob` (non-finite values
+    /// are not scores and are passed over).
+    pub fn add(&mut self, probs: &[f32], min_prob: f64) {
+        for p in probs
+            .iter()
+            .filter(|p| p.is_finite())
+            .map(|&p| f64::from(p))
+        {
+            self.scored += 1;
+            self.noise_sum += 1.0 - p;
+            if p >= min_prob {
+                self.kept += 1;
+                self.kept_sum += p;
+            } else {
+                self.removed_noise += 1.0 - p;
+            }
+        }
+    }
+
+    /// Add another tally's pairs.
+    pub fn merge(&mut self, o: &Tally) {
+        self.scored += o.scored;
+        self.kept += o.kept;
+        self.kept_sum += o.kept_sum;
+        self.noise_sum += o.noise_sum;
+        self.removed_noise += o.removed_noise;
+    }
+}
+
 /// A resolved cut and what it is expected to do.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Cut {
     /// The rule it came from.
-    #[serde(serialize_with = "as_text")]
     pub rule: Rule,
-    /// Keep `clean_prob >= min_prob` (infinite: keep nothing).
+    /// Keep `clean_prob >= min_prob` ([`KEEP_NONE`]: keep nothing).
     pub min_prob: f64,
     /// Scored pairs.
     pub scored: usize,
@@ -138,35 +205,36 @@ pub struct Cut {
     pub estimated_noise_rate: f64,
 }
 
-fn as_text<S: serde::Serializer>(r: &Rule, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&r.to_string())
-}
-
 impl Cut {
-    fn at(rule: Rule, min_prob: f64, sorted_desc: &[f32], noise: f64) -> Cut {
-        let kept = sorted_desc.partition_point(|&p| f64::from(p) >= min_prob);
-        let kept_sum: f64 = sorted_desc[..kept].iter().map(|&p| f64::from(p)).sum();
-        let removed_noise: f64 = sorted_desc[kept..]
-            .iter()
-            .map(|&p| 1.0 - f64::from(p))
-            .sum();
-        let total_noise = noise * sorted_desc.len() as f64;
+    /// The cut `min_prob` (from `rule`) applied to `probs`.
+    pub fn of(rule: Rule, min_prob: f64, probs: &[f32]) -> Cut {
+        let mut t = Tally::default();
+        t.add(probs, min_prob);
+        Cut::from_tally(rule, min_prob, &t)
+    }
+
+    /// The cut `min_prob` (from `rule`) over the pairs of a tally.
+    pub fn from_tally(rule: Rule, min_prob: f64, t: &Tally) -> Cut {
         Cut {
             rule,
             min_prob,
-            scored: sorted_desc.len(),
-            kept,
-            expected_precision: if kept == 0 {
+            scored: t.scored,
+            kept: t.kept,
+            expected_precision: if t.kept == 0 {
                 1.0
             } else {
-                kept_sum / kept as f64
+                t.kept_sum / t.kept as f64
             },
-            expected_noise_removed: if total_noise > 0.0 {
-                (removed_noise / total_noise).min(1.0)
+            expected_noise_removed: if t.noise_sum > 0.0 {
+                (t.removed_noise / t.noise_sum).min(1.0)
             } else {
                 0.0
             },
-            estimated_noise_rate: noise,
+            estimated_noise_rate: if t.scored == 0 {
+                0.0
+            } else {
+                t.noise_sum / t.scored as f64
+            },
         }
     }
 
@@ -184,40 +252,29 @@ impl Cut {
         }
     }
 
-    /// One sentence for the log: the rule, the cut and its expected effect.
-    pub fn summary(&self) -> String {
-        let cut = if self.min_prob.is_finite() {
+    /// The cut for people: `clean_prob >= 0.9340`, or `no pair`.
+    pub fn condition(&self) -> String {
+        if self.min_prob <= 1.0 {
             format!("clean_prob >= {:.4}", self.min_prob)
         } else {
             "no pair".to_string()
-        };
+        }
+    }
+
+    /// One sentence for the log: the rule, the cut and its expected effect.
+    pub fn summary(&self) -> String {
         format!(
-            "{} -> keeps {cut}: {} of {} pairs ({}), expected precision {}, \
+            "{} -> keeping {}: {} of {} pairs ({}), expected precision {}, \
              removing {} of the estimated noise (estimated noise rate {})",
             self.rule,
+            self.condition(),
             self.kept,
             self.scored,
             percent(self.kept_fraction()),
-            percent(self.expected_precision),
+            percent3(self.expected_precision),
             percent(self.expected_noise_removed),
             percent(self.estimated_noise_rate),
         )
-    }
-}
-
-/// The mixture's estimate of the noisy share: the mean of `1 - clean_prob`
-/// (non-finite values are not scores and are passed over).
-pub fn estimated_noise_rate(probs: &[f32]) -> f64 {
-    let (sum, n) = probs
-        .iter()
-        .filter(|p| p.is_finite())
-        .fold((0.0f64, 0usize), |(s, n), &p| {
-            (s + 1.0 - f64::from(p), n + 1)
-        });
-    if n == 0 {
-        0.0
-    } else {
-        sum / n as f64
     }
 }
 
@@ -229,6 +286,99 @@ pub fn table(probs: &[f32], fractions: &[f64]) -> Vec<Cut> {
         .collect()
 }
 
+/// A bounded summary of a `clean_prob` distribution: the values at
+/// [`SKETCH_POINTS`] evenly spaced ranks, highest first (all of them when
+/// there are fewer). A rule resolved on it reads each point as an equal
+/// share of the pairs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sketch {
+    /// Pairs summarised.
+    pub pairs: usize,
+    /// The values at evenly spaced ranks, descending.
+    pub points: Vec<f32>,
+}
+
+impl Sketch {
+    /// Summarise `probs` (non-finite values are passed over).
+    pub fn of(probs: &[f32]) -> Sketch {
+        let mut sorted: Vec<f32> = probs.iter().copied().filter(|p| p.is_finite()).collect();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let n = sorted.len();
+        let points = if n <= SKETCH_POINTS {
+            sorted
+        } else {
+            let m = SKETCH_POINTS - 1;
+            (0..=m).map(|i| sorted[(i * (n - 1) + m / 2) / m]).collect()
+        };
+        Sketch { pairs: n, points }
+    }
+}
+
+/// What `fit` decided about the clean set, stored beside the checkpoint
+/// (`checkpoint/threshold.json`) so that `score` applies the same cut on
+/// every shard.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// The rule and its cut, resolved on the training pairs.
+    pub cut: Cut,
+    /// The training pairs' `clean_prob` distribution, for rules given to
+    /// `score`.
+    pub sketch: Sketch,
+}
+
+/// File name of the [`Record`] in a checkpoint directory.
+pub const RECORD_FILE: &str = "threshold.json";
+
+impl Record {
+    /// Resolve `rule` on the training pairs' `probs`.
+    pub fn fit(rule: Rule, probs: &[f32]) -> Record {
+        Record {
+            cut: rule.resolve(probs),
+            sketch: Sketch::of(probs),
+        }
+    }
+
+    /// The cut of another rule, resolved on the training distribution:
+    /// the same on every shard it is applied to. Its counts are the
+    /// sketch's, so only `min_prob` and the rule are meant to be used.
+    pub fn cut_for(&self, rule: Rule) -> Cut {
+        rule.resolve(&self.sketch.points)
+    }
+
+    /// Write into the checkpoint directory `dir` (atomically).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let json = serde_json::to_vec_pretty(self).context("serialising the threshold record")?;
+        crate::data::write_atomic(&dir.join(RECORD_FILE), &json)
+    }
+
+    /// The record in the checkpoint directory `dir`; `None` for a
+    /// checkpoint written before records existed.
+    pub fn load(dir: &Path) -> Result<Option<Record>> {
+        let p = dir.join(RECORD_FILE);
+        if !p.is_file() {
+            return Ok(None);
+        }
+        let bytes = std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?;
+        let r: Record = serde_json::from_slice(&bytes).map_err(|e| {
+            invalid(format!(
+                "{}: not a valid ncclean threshold record ({e}); run `ncclean fit` again",
+                p.display()
+            ))
+        })?;
+        r.cut
+            .rule
+            .validate()
+            .map_err(|e| invalid(format!("{}: {e}; run `ncclean fit` again", p.display())))?;
+        Ok(Some(r))
+    }
+}
+
+/// The mixture's estimate of the noisy share: the mean of `1 - clean_prob`
+/// (non-finite values are not scores and are passed over).
+pub fn estimated_noise_rate(probs: &[f32]) -> f64 {
+    Cut::of(Rule::default(), DEFAULT_MIN_PROB, probs).estimated_noise_rate
+}
+
 /// A percentage rounded for people: one decimal under 10%, none above.
 pub fn percent(x: f64) -> String {
     let p = 100.0 * x;
@@ -237,6 +387,11 @@ pub fn percent(x: f64) -> String {
     } else {
         format!("{p:.0}%")
     }
+}
+
+/// A percentage with one decimal: precisions differ in the last percent.
+pub fn percent3(x: f64) -> String {
+    format!("{:.1}%", 100.0 * x)
 }
 
 #[cfg(test)]
@@ -271,7 +426,8 @@ mod tests {
         assert_eq!(c.kept, 4);
         let none = Rule::KeepFraction(0.0).resolve(&P);
         assert_eq!((none.kept, none.expected_precision), (0, 1.0));
-        assert!(none.min_prob.is_infinite() && !none.keeps(Some(1.0)));
+        assert!(none.min_prob == KEEP_NONE && !none.keeps(Some(1.0)));
+        assert_eq!(none.condition(), "no pair");
         assert_eq!(Rule::KeepFraction(1.0).resolve(&P).kept, 6);
     }
 
@@ -333,7 +489,10 @@ mod tests {
         );
         let s = Rule::MinProb(0.6).resolve(&P).summary();
         assert!(
-            s.starts_with("clean_prob >= 0.6 -> keeps clean_prob >= 0.6000: 4 of 6 pairs (67%)"),
+            s.starts_with(
+                "clean_prob >= 0.6 -> keeping clean_prob >= 0.6000: 4 of 6 pairs (67%), \
+                 expected precision 77.5%"
+            ),
             "{s}"
         );
         assert!(!s.contains("MinProb"), "{s}");
@@ -356,8 +515,51 @@ mod tests {
     }
 
     #[test]
-    fn table_rows_follow_the_fractions() {
-        let t = table(&P, &[1.0, 0.5, 0.0]);
-        assert_eq!(t.iter().map(|c| c.kept).collect::<Vec<_>>(), [6, 4, 0]);
+    fn tallies_added_per_file_equal_one_cut_over_all() {
+        let (a, b) = P.split_at(2);
+        let mut t = Tally::default();
+        t.add(a, 0.6);
+        let mut u = Tally::default();
+        u.add(b, 0.6);
+        t.merge(&u);
+        let whole = Cut::of(Rule::MinProb(0.6), 0.6, &P);
+        let merged = Cut::from_tally(Rule::MinProb(0.6), 0.6, &t);
+        assert_eq!(merged.kept, whole.kept);
+        assert!((merged.expected_precision - whole.expected_precision).abs() < 1e-12);
+        assert!((merged.estimated_noise_rate - 2.6 / 6.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_sketch_keeps_evenly_spaced_ranks_and_resolves_like_the_data() {
+        // Fewer pairs than points: all of them, highest first.
+        assert_eq!(Sketch::of(&P).points, [1.0, 0.9, 0.6, 0.6, 0.2, 0.1]);
+        // 10,001 distinct values k / 10,000: point i is rank 10 i.
+        let probs: Vec<f32> = (0..=10_000).map(|k| k as f32 / 10_000.0).collect();
+        let s = Sketch::of(&probs);
+        assert_eq!((s.pairs, s.points.len()), (10_001, SKETCH_POINTS));
+        assert_eq!(s.points[0], 1.0);
+        assert_eq!(s.points[1], 0.999);
+        assert_eq!(s.points[SKETCH_POINTS - 1], 0.0);
+        // Keeping 80% of uniform values cuts at 0.2, on the data and on the
+        // sketch alike; the expected precision of the top half is 0.75.
+        let r = Record::fit(Rule::KeepFraction(0.8), &probs);
+        assert!((r.cut.min_prob - 0.2).abs() < 1e-4);
+        assert!((r.cut_for(Rule::KeepFraction(0.8)).min_prob - 0.2).abs() < 1e-3);
+        let half = r.cut_for(Rule::TargetPrecision(0.75));
+        assert!((half.min_prob - 0.5).abs() < 2e-3, "{}", half.min_prob);
+    }
+
+    #[test]
+    fn records_round_trip_through_json() {
+        let dir = tempfile::tempdir().unwrap();
+        for rule in [Rule::RemoveNoise(None), Rule::KeepFraction(0.0)] {
+            let r = Record::fit(rule, &P);
+            r.save(dir.path()).unwrap();
+            assert_eq!(Record::load(dir.path()).unwrap(), Some(r));
+        }
+        std::fs::write(dir.path().join(RECORD_FILE), r#"{"cut": 1}"#).unwrap();
+        let e = Record::load(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("not a valid ncclean threshold record"), "{e}");
+        assert_eq!(Record::load(&dir.path().join("none")).unwrap(), None);
     }
 }

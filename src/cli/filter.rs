@@ -10,6 +10,7 @@ use crate::engine::{keep_mask_by, labels_for_file};
 use crate::error::{Error, Result};
 use crate::progress::Reporter;
 
+use super::threshold::ThresholdArgs;
 use super::{DataArgs, ShardArgs};
 
 /// Arguments of `ncclean filter`.
@@ -39,12 +40,10 @@ pub struct FilterArgs {
     /// .parquet), else the input's format.
     #[arg(long, value_enum)]
     pub format: Option<data::OutputFormat>,
-    /// Keep rows with clean_prob >= P instead of the labels' is_clean.
-    #[arg(long, value_name = "P", conflicts_with = "keep_fraction")]
-    pub min_prob: Option<f64>,
-    /// Keep this fraction of the usable rows, highest clean_prob first.
-    #[arg(long, value_name = "K")]
-    pub keep_fraction: Option<f64>,
+    /// The rule for the kept rows instead of the labels' is_clean,
+    /// resolved on every label read (all shards' with --out-dir).
+    #[command(flatten)]
+    pub threshold: ThresholdArgs,
 }
 
 /// The rule that decides which rows are kept.
@@ -52,10 +51,8 @@ pub struct FilterArgs {
 pub enum Rule {
     /// The labels' own is_clean.
     IsClean,
-    /// clean_prob at or above a value.
-    MinProb(f64),
-    /// clean_prob at or above the cut that keeps a fraction.
-    Cut(f64),
+    /// A cut resolved on the labels' clean_prob.
+    Cut(crate::threshold::Cut),
 }
 
 /// How users read a rule: in the log line and the filtered file's metadata.
@@ -63,41 +60,13 @@ impl std::fmt::Display for Rule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Rule::IsClean => write!(f, "is_clean from the labels"),
-            Rule::MinProb(p) => write!(f, "clean_prob >= {p}"),
-            Rule::Cut(p) if p.is_finite() => {
-                write!(f, "the kept fraction's cut: clean_prob >= {p}")
-            }
-            Rule::Cut(_) => write!(f, "keep fraction 0: no row kept"),
+            Rule::Cut(c) => write!(f, "{}", c.summary()),
         }
-    }
-}
-
-/// The clean-probability cut that keeps `fraction` of the scored rows
-/// (ties at the cut are all kept).
-pub fn fraction_cut(probs: &[f32], fraction: f64) -> f64 {
-    let mut p: Vec<f32> = probs.to_vec();
-    p.sort_by(|a, b| b.total_cmp(a));
-    let k = ((fraction * p.len() as f64).round() as usize).min(p.len());
-    if k == 0 {
-        f64::INFINITY
-    } else {
-        p[k - 1] as f64
     }
 }
 
 pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
-    for (name, v) in [
-        ("--min-prob", a.min_prob),
-        ("--keep-fraction", a.keep_fraction),
-    ] {
-        if let Some(v) = v {
-            if !(0.0..=1.0).contains(&v) {
-                return Err(Error::Usage(format!(
-                    "{name} must be between 0 and 1, got {v}"
-                )));
-            }
-        }
-    }
+    a.threshold.rule()?;
     match (&a.out_dir, &a.out) {
         (Some(dir), _) => run_shards(&a, dir, rep),
         (None, Some(out)) => run_one(&a, out, rep),
@@ -105,13 +74,12 @@ pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
     }
 }
 
-/// The rule of the flags; `probs` (every scored row's clean_prob) are read
-/// only for --keep-fraction.
+/// The rule of the flags, resolved on `probs` (every scored row's
+/// clean_prob), which are read only when a rule is given.
 fn rule_of(a: &FilterArgs, probs: impl FnOnce() -> Result<Vec<f32>>) -> Result<Rule> {
-    Ok(match (a.min_prob, a.keep_fraction) {
-        (Some(p), _) => Rule::MinProb(p),
-        (None, Some(k)) => Rule::Cut(fraction_cut(&probs()?, k)),
-        (None, None) => Rule::IsClean,
+    Ok(match a.threshold.rule()? {
+        Some(rule) => Rule::Cut(rule.resolve(&probs()?)),
+        None => Rule::IsClean,
     })
 }
 
@@ -119,7 +87,7 @@ fn rule_of(a: &FilterArgs, probs: impl FnOnce() -> Result<Vec<f32>>) -> Result<R
 fn keeps(rule: Rule, l: &data::LabelRow) -> bool {
     match rule {
         Rule::IsClean => l.is_clean,
-        Rule::MinProb(p) | Rule::Cut(p) => l.clean_prob.is_some_and(|c| c as f64 >= p),
+        Rule::Cut(c) => c.keeps(l.clean_prob),
     }
 }
 
@@ -198,8 +166,8 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
     } else {
         Some(data::read_labels(&a.labels)?.0)
     };
-    // --keep-fraction's cut is over every shard's labels (not only this
-    // worker's), so all workers apply the same cut.
+    // A rule's cut is over every shard's labels (not only this worker's),
+    // so all workers apply the same cut.
     let rule = rule_of(a, || match &single {
         Some(l) => Ok(l.iter().filter_map(|l| l.clean_prob).collect()),
         None => {
@@ -304,26 +272,21 @@ fn shard_format(explicit: Option<data::OutputFormat>, shard: &Path) -> data::Out
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fraction_cut_keeps_the_top_fraction() {
-        let p = [0.9, 0.1, 0.5, 0.7];
-        assert_eq!(fraction_cut(&p, 0.5), 0.7f32 as f64);
-        assert_eq!(fraction_cut(&p, 1.0), 0.1f32 as f64);
-        assert!(fraction_cut(&p, 0.0).is_infinite());
-    }
+    use crate::threshold::Rule as ThresholdRule;
 
     #[test]
     fn rules_read_as_sentences_not_debug_values() {
-        assert_eq!(Rule::MinProb(0.8).to_string(), "clean_prob >= 0.8");
-        assert_eq!(
-            Rule::Cut(fraction_cut(&[0.9, 0.1], 0.0)).to_string(),
-            "keep fraction 0: no row kept"
+        let c = ThresholdRule::KeepFraction(0.5).resolve(&[0.9, 0.1]);
+        let s = Rule::Cut(c).to_string();
+        assert!(
+            s.starts_with("keep the top 50% -> keeping clean_prob >= 0.9000: 1 of 2 pairs"),
+            "{s}"
         );
-        assert_eq!(
-            Rule::Cut(0.5).to_string(),
-            "the kept fraction's cut: clean_prob >= 0.5"
-        );
+        assert!(!s.contains("Cut("), "{s}");
+        let none = ThresholdRule::KeepFraction(0.0).resolve(&[0.9, 0.1]);
+        assert!(Rule::Cut(none)
+            .to_string()
+            .contains("keeping no pair: 0 of 2"));
         assert_eq!(Rule::IsClean.to_string(), "is_clean from the labels");
     }
 }

@@ -10,6 +10,7 @@ use crate::engine::{self, FitOptions};
 use crate::error::{invalid, Error, Result};
 use crate::progress::Reporter;
 
+use super::threshold::ThresholdArgs;
 use super::{CacheArgs, DataArgs, EncoderArgs, ImageArgs, OutcomeArgs};
 
 /// Arguments of `ncclean fit`.
@@ -61,9 +62,12 @@ pub struct FitArgs {
     /// Default: the method's preset (gpo for recon, mean otherwise).
     #[arg(long, value_parser = ["mean", "gpo"])]
     pub head: Option<String>,
-    /// Clean-probability threshold for is_clean (default: 0.5, the method's own division).
-    #[arg(long)]
-    pub threshold: Option<f64>,
+    /// The rule for is_clean and filtered.parquet, resolved on the training
+    /// pairs and stored with the checkpoint, so that `score` applies the
+    /// same cut to every shard. It does not change training (the
+    /// division's own threshold during training is `--set threshold=P`).
+    #[command(flatten)]
+    pub threshold: ThresholdArgs,
     /// TOML file overriding the preset (a [<method>] table or top-level keys); flags override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -110,13 +114,11 @@ fn overrides(a: &FitArgs) -> Result<toml::Table> {
     if let Some(h) = &a.head {
         t.insert("head".into(), toml::Value::String(h.clone()));
     }
-    if let Some(th) = a.threshold {
-        t.insert("threshold".into(), toml::Value::Float(th));
-    }
     Ok(t)
 }
 
 pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
+    let rule = a.threshold.rule()?;
     let chosen = crate::device::choose(&a.device)?;
     let user = match &a.config {
         Some(p) => Some(
@@ -161,6 +163,7 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         resume: a.resume,
         force: a.force,
         data_args: a.data.data.clone(),
+        rule,
     };
     rep.info(&chosen.line);
     let s = engine::fit(&input, &opts, &chosen.device, rep)?;
@@ -180,6 +183,8 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
             "out_dir": a.out_dir.display().to_string(),
             "rows": s.rows, "usable": s.pairs, "skipped": s.skipped, "clean": s.clean,
             "estimated_noise_rate": s.estimated_noise_rate,
+            "min_prob": s.cut.min_prob, "expected_precision": s.cut.expected_precision,
+            "warnings": s.warnings,
             "train_seconds": s.train_seconds, "score_pairs_per_second": s.score_pairs_per_second,
         })
     );

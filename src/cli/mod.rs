@@ -19,6 +19,7 @@ mod gpu_check;
 mod inspect;
 mod report;
 mod score;
+mod threshold;
 mod towers;
 
 /// Find and clean mismatched image–caption pairs.

@@ -19,6 +19,7 @@ use crate::features::CacheOptions;
 use crate::progress::Reporter;
 use crate::shards::{self, Counts};
 
+use super::threshold::ThresholdArgs;
 use super::{CacheArgs, DataArgs, ImageArgs, OutcomeArgs, ShardArgs};
 
 /// Arguments of `ncclean score`.
@@ -61,12 +62,28 @@ pub struct ScoreArgs {
     /// CPU), cpu, cuda or cuda:N. The choice is said on stderr.
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// The rule for is_clean. Default: the cut `fit` resolved on the
+    /// training pairs. A fraction or precision rule is resolved on the
+    /// training pairs' clean_prob distribution stored with the checkpoint,
+    /// never on the scored data, so every shard gets the same cut.
+    #[command(flatten)]
+    pub threshold: ThresholdArgs,
 }
 
 pub fn run(a: ScoreArgs, rep: &Reporter) -> Result<()> {
+    let rule = a.threshold.rule()?;
     let chosen = crate::device::choose(&a.device)?;
-    let engine = Engine::load(&a.checkpoint, &chosen.device)?;
+    let mut engine = Engine::load(&a.checkpoint, &chosen.device)?;
+    if let Some(rule) = rule {
+        engine.use_rule(rule)?;
+    }
     rep.info(&chosen.line);
+    let cut = engine.cut();
+    rep.info(&format!(
+        "is_clean: {} -> {} (resolved on the training pairs)",
+        cut.rule,
+        cut.condition()
+    ));
     match (&a.out_dir, &a.out) {
         (Some(dir), _) => run_shards(&a, dir, &engine, rep),
         (None, Some(out)) => run_one(&a, out, &engine, rep),
@@ -125,6 +142,7 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
     let labels_out = crate::temp::Pending::new(out)?;
     let mut writer = LabelsWriter::create(labels_out.tmp_path())?;
     let mut total = Counts::default();
+    let mut tally = crate::threshold::Tally::default();
     let mut seconds = 0.0;
     let mut keep = Vec::with_capacity(input.files.len());
     let pieces: Vec<InputSet> = if a.refit {
@@ -144,15 +162,17 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
         total.skipped += c.skipped;
         total.kept += c.kept;
         total.noisy += c.noisy;
+        tally.merge(&scored.tally);
         seconds += scored.seconds;
     }
-    let noise = total.noisy as f64 / total.usable.max(1) as f64;
+    let cut = engine.cut_over(&tally);
+    let noise = cut.estimated_noise_rate;
     let metadata = engine.metadata(&LabelsSummary {
         refit: a.refit,
         input_fingerprint: input.fingerprint()?,
         rows: total.rows,
         skipped: total.skipped,
-        estimated_noise_rate: noise,
+        cut,
     })?;
     writer.finish(&metadata)?;
     let mut filtered_rows = None;
@@ -174,17 +194,17 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
     }
     let pps = total.usable as f64 / f64::max(seconds, 1e-9);
     rep.info(&format!(
-        "scored {} pairs ({} skipped) in {seconds:.2}s ({pps:.0} pairs/s): {} clean, estimated noise {:.1}%",
+        "scored {} pairs ({} skipped) in {seconds:.2}s ({pps:.0} pairs/s): {}",
         total.usable,
         total.skipped,
-        total.kept,
-        100.0 * noise
+        cut.summary()
     ));
     println!(
         "{}",
         serde_json::json!({
             "out": out.display().to_string(), "rows": total.rows, "usable": total.usable,
             "skipped": total.skipped, "clean": total.kept, "estimated_noise_rate": noise,
+            "min_prob": cut.min_prob, "expected_precision": cut.expected_precision,
             "pairs_per_second": pps, "filtered_rows": filtered_rows,
         })
     );
@@ -200,9 +220,11 @@ fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Res
     let cache = a.cache.options();
     // The column options and image limits decide which rows are usable:
     // changing them redoes the shards too.
+    // So do the cut: shards labelled under another rule are redone.
     let source = format!(
-        "checkpoint sha256 {}; input options {}",
+        "checkpoint sha256 {}; is_clean clean_prob >= {}; input options {}",
         crate::checkpoint::sha256(&engine.dir)?,
+        engine.cut().min_prob,
         &crate::hex::sha256_hex(
             serde_json::to_string(&opts)
                 .context("serialising the input options")?
@@ -224,7 +246,7 @@ fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Res
                 input_fingerprint: shard.input.fingerprint()?,
                 rows: scored.labels.len(),
                 skipped,
-                estimated_noise_rate: scored.estimated_noise_rate,
+                cut: engine.cut_over(&scored.tally),
             })?;
             data::write_labels(&shard.path, &scored.labels, &metadata)?;
             Ok(counts(&scored, skipped))

@@ -10,7 +10,6 @@ use std::time::Instant;
 use anyhow::Context;
 use candle_core::Device;
 use ncclean_models::{ImageTowerConfig, TextTowerConfig};
-use ncclean_pipelines::division::Division;
 use ncclean_pipelines::{PairScores, Pipeline};
 
 use super::labels::{config_hash, label_rows};
@@ -21,6 +20,7 @@ use crate::encoders::{ImageEncoder, TextEncoder};
 use crate::error::{invalid, pipeline_at, Error, Result};
 use crate::features::CacheOptions;
 use crate::progress::Reporter;
+use crate::threshold::{self, Cut, Record, Rule, Tally};
 
 /// A trained pipeline rebuilt from a checkpoint.
 pub struct Engine {
@@ -28,6 +28,12 @@ pub struct Engine {
     pub state: CheckpointState,
     /// Directory the checkpoint was read from.
     pub dir: PathBuf,
+    /// The rule and cut `fit` resolved on the training pairs, with their
+    /// distribution (`None`: a checkpoint from before threshold records).
+    pub record: Option<Record>,
+    /// The rule and cut that label pairs: the record's unless
+    /// [`Engine::use_rule`] chose another.
+    cut: Cut,
     pipeline: Box<dyn Pipeline>,
     device: Device,
 }
@@ -43,12 +49,14 @@ pub struct Scored {
     pub pairs: usize,
     /// Seconds spent scoring (model passes and mixture).
     pub seconds: f64,
-    /// Fraction of usable pairs called noisy.
+    /// Mean of `1 - clean_prob` over the usable pairs.
     pub estimated_noise_rate: f64,
     /// The raw division statistic of every scored pair (in the order of
     /// the usable rows): what `fit` summarises for the report's mixture
     /// plot.
     pub statistic: Vec<f32>,
+    /// The engine's cut over the usable pairs.
+    pub tally: Tally,
 }
 
 impl Engine {
@@ -65,9 +73,19 @@ impl Engine {
         )
         .map_err(|e| pipeline_at(&dir, e))?;
         checkpoint::load_into(&dir, &state, pipeline.as_mut())?;
+        let record = Record::load(&dir)?;
+        let cut = match &record {
+            Some(r) => r.cut,
+            None => {
+                let p = state.config.threshold;
+                Cut::of(Rule::MinProb(p), p, &[])
+            }
+        };
         Ok(Engine {
             state,
             dir,
+            record,
+            cut,
             pipeline,
             device: device.clone(),
         })
@@ -85,6 +103,38 @@ impl Engine {
             }
         }
         opts
+    }
+
+    /// The cut that labels pairs (its counts are the training pairs').
+    pub fn cut(&self) -> &Cut {
+        &self.cut
+    }
+
+    /// Label with `rule` instead of the stored cut. A rule that depends on
+    /// the distribution is resolved on the training pairs' (the record's
+    /// sketch), so every shard scored with it gets the same cut.
+    pub fn use_rule(&mut self, rule: Rule) -> Result<()> {
+        self.cut = match (&self.record, rule) {
+            (Some(r), _) => r.cut_for(rule),
+            (None, Rule::MinProb(p)) => Cut::of(rule, p, &[]),
+            (None, _) => {
+                return Err(Error::Usage(format!(
+                    "{}: this checkpoint has no {} (it predates threshold records), so {} has no \
+                     training distribution to be resolved on; use --min-prob, or fit again",
+                    self.dir.display(),
+                    threshold::RECORD_FILE,
+                    rule.flag()
+                )))
+            }
+        };
+        Ok(())
+    }
+
+    /// Store `record` as this engine's (`fit`, once it resolved its rule on
+    /// the training pairs it just scored) and label with its cut.
+    pub fn set_record(&mut self, record: Record) {
+        self.cut = record.cut;
+        self.record = Some(record);
     }
 
     /// Read and decode `input` the way this checkpoint's towers expect.
@@ -157,7 +207,9 @@ impl Engine {
             .context("similarity")?)
     }
 
-    /// Score prepared pairs: the one scoring path of `fit` and `score`.
+    /// Score prepared pairs with this engine's cut, with the labels'
+    /// metadata ([`Engine::score_rows`] is the one scoring path of `fit`
+    /// and `score`).
     pub fn score(
         &self,
         input: &InputSet,
@@ -171,14 +223,15 @@ impl Engine {
             input_fingerprint: input.fingerprint()?,
             rows: rows.labels.len(),
             skipped: prepared.skipped(),
-            estimated_noise_rate: rows.estimated_noise_rate,
+            cut: self.cut_over(&rows.tally),
         })?;
         Ok(Scored { metadata, ..rows })
     }
 
-    /// [`Engine::score`] without the labels' metadata (which reads every
-    /// input byte for the fingerprint): for callers that score an input in
-    /// pieces and describe the whole once ([`Engine::metadata`]).
+    /// Score prepared pairs: the one scoring path of `fit` and `score`.
+    /// Without the labels' metadata (which reads every input byte for the
+    /// fingerprint): callers that score an input in pieces describe the
+    /// whole once ([`Engine::metadata`]).
     pub fn score_rows(
         &self,
         input: &InputSet,
@@ -206,20 +259,27 @@ impl Engine {
                 })?
         };
         let seconds = started.elapsed().as_secs_f64();
-        let labels = label_rows(input, prepared, &scores, self.state.config.threshold);
+        let labels = label_rows(input, prepared, &scores, self.cut.min_prob);
+        let mut tally = Tally::default();
+        tally.add(&scores.clean_prob, self.cut.min_prob);
         Ok(Scored {
             labels,
             metadata: BTreeMap::new(),
             pairs: prepared.ok.len(),
             seconds,
-            estimated_noise_rate: Division::estimated_noise_rate(&scores.clean_prob),
+            estimated_noise_rate: threshold::estimated_noise_rate(&scores.clean_prob),
             statistic: scores.statistic,
+            tally,
         })
+    }
+
+    /// This engine's cut over the pairs of `tally` (scored with it).
+    pub fn cut_over(&self, tally: &Tally) -> Cut {
+        Cut::from_tally(self.cut.rule, self.cut.min_prob, tally)
     }
 
     /// Parquet key–value metadata of a labels file this engine scored.
     pub fn metadata(&self, s: &LabelsSummary) -> Result<BTreeMap<String, String>> {
-        let threshold = self.state.config.threshold;
         let mut metadata = BTreeMap::new();
         let put = |m: &mut BTreeMap<String, String>, k: &str, v: String| {
             m.insert(format!("ncclean.{k}"), v);
@@ -242,11 +302,13 @@ impl Engine {
             checkpoint::sha256(&self.dir)?,
         );
         put(&mut metadata, "seed", self.state.seed.to_string());
-        put(&mut metadata, "threshold", threshold.to_string());
+        put(&mut metadata, "threshold", s.cut.min_prob.to_string());
+        put(&mut metadata, "threshold_rule", s.cut.rule.to_string());
+        put(&mut metadata, "threshold_summary", s.cut.summary());
         put(
             &mut metadata,
-            "threshold_rule",
-            format!("is_clean = clean_prob > {threshold} (the method's own division)"),
+            "expected_precision",
+            format!("{:.6}", s.cut.expected_precision),
         );
         put(
             &mut metadata,
@@ -258,8 +320,11 @@ impl Engine {
             }
             .to_string(),
         );
-        let statistic = self.state.pipeline["division_statistic"]
-            .as_str()
+        // Methods describe their statistic in their own state.
+        let statistic = ["/method/division_statistic", "/division_statistic"]
+            .iter()
+            .find_map(|p| self.state.pipeline.pointer(p))
+            .and_then(serde_json::Value::as_str)
             .unwrap_or("see the method's documentation")
             .to_string();
         put(&mut metadata, "division_statistic", statistic);
@@ -282,7 +347,7 @@ impl Engine {
         put(
             &mut metadata,
             "estimated_noise_rate",
-            format!("{:.6}", s.estimated_noise_rate),
+            format!("{:.6}", s.cut.estimated_noise_rate),
         );
         put(
             &mut metadata,
@@ -306,8 +371,9 @@ pub struct LabelsSummary {
     pub rows: usize,
     /// Rows that could not be used.
     pub skipped: usize,
-    /// Fraction of usable pairs called noisy.
-    pub estimated_noise_rate: f64,
+    /// The cut over the scored pairs: its rule, precision and the
+    /// estimated noise rate.
+    pub cut: Cut,
 }
 
 fn check_compatible(input: &InputSet, state: &CheckpointState) -> Result<()> {

@@ -21,6 +21,8 @@ use crate::error::{invalid, Error, Result};
 use crate::features::CacheOptions;
 use crate::progress::Reporter;
 use crate::rundir::{self, RunDir};
+use crate::signal::{self, MixtureSummary, SignalCheck};
+use crate::threshold::{Cut, Record, Rule};
 
 /// What `fit` was asked to do.
 #[derive(Debug, Clone)]
@@ -45,6 +47,9 @@ pub struct FitOptions {
     pub force: bool,
     /// The DATA arguments as given, for the out-dir checks.
     pub data_args: Vec<PathBuf>,
+    /// The rule for the clean set (`None`: `clean_prob >=` the
+    /// configuration's `threshold`).
+    pub rule: Option<Rule>,
 }
 
 /// What `fit` did.
@@ -58,8 +63,21 @@ pub struct FitSummary {
     pub skipped: usize,
     /// Pairs called clean.
     pub clean: usize,
-    /// Fraction of usable pairs called noisy.
+    /// Mean of `1 - clean_prob` over the usable pairs: the mixture's
+    /// estimate of the noisy share, the same as `cut.estimated_noise_rate`.
     pub estimated_noise_rate: f64,
+    /// The rule for the clean set, its cut and what it keeps.
+    pub cut: Cut,
+    /// The cut in one sentence, as the log says it.
+    pub threshold_summary: String,
+    /// The final division's mixture, summarised (means, weights,
+    /// separation; `division` below holds it whole for the report).
+    pub mixture: MixtureSummary,
+    /// The trained model's pairs against random pairings (`None`: fewer
+    /// than 2 pairs).
+    pub signal: Option<SignalCheck>,
+    /// "no signal" / "no noise found" warnings, as printed.
+    pub warnings: Vec<String>,
     /// Seconds reading and decoding.
     pub read_seconds: f64,
     /// Seconds training (all epochs).
@@ -236,26 +254,55 @@ pub fn fit(
     checkpoint::save(&ckpt_dir, &state, pipeline.as_ref())?;
     drop(pipeline);
 
-    // Score through the reloaded checkpoint: exactly what `ncclean score` does.
-    let engine = Engine::load(&ckpt_dir, device)?;
-    let scored = engine.score(input, &prepared, false, rep)?;
+    // Score through the reloaded checkpoint: exactly what `ncclean score`
+    // does; then resolve the rule on the training pairs and store the cut
+    // in the checkpoint, so `score` applies the same one on every shard.
+    let mut engine = Engine::load(&ckpt_dir, device)?;
+    let mut scored = engine.score_rows(input, &prepared, false, rep)?;
+    let probs: Vec<f32> = scored.labels.iter().filter_map(|l| l.clean_prob).collect();
+    let rule = opts.rule.unwrap_or(Rule::MinProb(cfg.threshold));
+    let record = Record::fit(rule, &probs);
+    record.save(&ckpt_dir)?;
+    let cut = record.cut;
+    engine.set_record(record);
+    for l in &mut scored.labels {
+        l.is_clean = cut.keeps(l.clean_prob);
+    }
+    rep.info(&cut.summary());
+    let division = division_summary(&engine.state)?;
+    let signal = signal_check(&engine, &prepared)?;
+    let mut warnings: Vec<String> = division.warning().into_iter().collect();
+    if division.fallback.is_none() {
+        if let Some(s) = &signal {
+            warnings.extend(s.warnings(cut.estimated_noise_rate, &division.describe()));
+        }
+    }
+    for w in &warnings {
+        crate::progress::warn_once(w);
+    }
+    let metadata = engine.metadata(&super::LabelsSummary {
+        refit: false,
+        input_fingerprint: input.fingerprint()?,
+        rows: scored.labels.len(),
+        skipped: prepared.skipped(),
+        cut,
+    })?;
     let labels_path = out.join("labels.parquet");
-    data::write_labels(&labels_path, &scored.labels, &scored.metadata)?;
+    data::write_labels(&labels_path, &scored.labels, &metadata)?;
     let keep = keep_mask(input, &scored.labels)?;
-    let filtered = data::write_filtered(
-        input,
-        &keep,
-        &out.join("filtered.parquet"),
-        &scored.metadata,
-    )?;
+    let filtered = data::write_filtered(input, &keep, &out.join("filtered.parquet"), &metadata)?;
 
-    let clean = scored.labels.iter().filter(|l| l.is_clean).count();
     let summary = FitSummary {
         rows: prepared.rows.len(),
         pairs: prepared.ok.len(),
         skipped: prepared.skipped(),
-        clean,
-        estimated_noise_rate: scored.estimated_noise_rate,
+        clean: cut.kept,
+        estimated_noise_rate: cut.estimated_noise_rate,
+        cut,
+        threshold_summary: cut.summary(),
+        mixture: division,
+        signal,
+        warnings,
         read_seconds,
         train_seconds,
         score_seconds: scored.seconds,
@@ -280,8 +327,9 @@ pub fn fit(
         "image_root": input.image_root,
         "image_limits": input.image_limits,
         "inputs": (0..input.files.len()).map(|f| input.display_name(f)).collect::<Vec<_>>(),
-        "input_fingerprint": scored.metadata.get("ncclean.input_fingerprint"),
-        "checkpoint_sha256": scored.metadata.get("ncclean.checkpoint_sha256"),
+        "input_fingerprint": metadata.get("ncclean.input_fingerprint"),
+        "checkpoint_sha256": metadata.get("ncclean.checkpoint_sha256"),
+        "threshold": cut,
         "device": format!("{device:?}"),
         "command": std::env::args().collect::<Vec<_>>(),
         rundir::COMPLETE_KEY: true,
@@ -297,6 +345,20 @@ pub fn fit(
             .with_context(|| format!("cannot remove {}", resume_dir.display()))?;
     }
     Ok(summary)
+}
+
+/// The final division of a checkpoint, summarised.
+fn division_summary(state: &CheckpointState) -> Result<MixtureSummary> {
+    let division = serde_json::from_value(state.pipeline["division"].clone())
+        .context("reading the final division from the checkpoint state")?;
+    Ok(MixtureSummary::of(&division))
+}
+
+/// [`SignalCheck`] of the trained model on a sample of the training pairs.
+fn signal_check(engine: &Engine, prepared: &super::Prepared) -> Result<Option<SignalCheck>> {
+    let idx = signal::sample(prepared.ok.len());
+    let sim = engine.similarity_matrix(prepared, &idx, &idx)?;
+    Ok(SignalCheck::of(&sim, idx.len()))
 }
 
 /// The error for a stop during epoch `e` (0-based) of `total`, saying what

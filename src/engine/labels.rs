@@ -6,12 +6,13 @@ use super::prepare::Prepared;
 use crate::data::{InputSet, LabelRow, RowStatus};
 
 /// Label rows for every input row: scores for usable pairs, `skipped` with
-/// the reason for the rest.
+/// the reason for the rest; `is_clean` is `clean_prob >= min_prob` (the
+/// cut of [`crate::threshold`]).
 pub(super) fn label_rows(
     input: &InputSet,
     prepared: &Prepared,
     scores: &PairScores,
-    threshold: f64,
+    min_prob: f64,
 ) -> Vec<LabelRow> {
     let mut out: Vec<LabelRow> = prepared
         .rows
@@ -34,7 +35,7 @@ pub(super) fn label_rows(
         row.clean_prob = p;
         row.soft_label = scores.soft_label.get(k).copied();
         row.similarity = scores.similarity.get(k).copied();
-        row.is_clean = p.is_some_and(|p| p as f64 > threshold);
+        row.is_clean = p.is_some_and(|p| f64::from(p) >= min_prob);
         row.status = RowStatus::Ok;
     }
     out
@@ -102,9 +103,11 @@ mod tests {
         assert_eq!(rows[1].clean_prob, None);
         assert_eq!(rows[1].error.as_deref(), Some("cannot decode image"));
         assert!(!rows[1].is_clean);
-        // The threshold is strict: exactly 0.5 is not clean.
+        // The cut keeps its own value: exactly 0.5 is clean at 0.5 (the
+        // strict `>` of earlier versions called it noisy) and not above.
         assert_eq!(rows[2].clean_prob, Some(0.5));
-        assert!(!rows[2].is_clean);
+        assert!(rows[2].is_clean);
+        assert!(!label_rows(&input, &prepared, &scores, 0.50001)[2].is_clean);
         assert!(rows.iter().all(|r| r.source_file == "data/train.parquet"));
         assert_eq!(rows[2].source_row, 2);
     }

@@ -9,8 +9,10 @@
 //! - [`keep_mask`]: which input rows `filtered.parquet` keeps.
 //!
 //! `fit` prepares inputs, trains, writes a checkpoint, reloads it as an
-//! [`Engine`] and scores its own training pairs with [`Engine::score`], the
-//! same function `ncclean score` calls, so both agree exactly.
+//! [`Engine`] and scores its own training pairs with [`Engine::score_rows`],
+//! the same function `ncclean score` calls; it then resolves its threshold
+//! rule on them and stores the cut with the checkpoint
+//! ([`crate::threshold::Record`]), so both agree exactly.
 
 #[cfg(test)]
 use crate::data::InputSet;

@@ -26,7 +26,7 @@ pub struct RunRecord {
     pub method: String,
     /// Seed of the fit.
     pub seed: Option<u64>,
-    /// The run's decision threshold (`is_clean = clean_prob > threshold`).
+    /// The run's decision threshold (`is_clean = clean_prob >= threshold`).
     pub threshold: f64,
     /// Where the pairs came from.
     pub source: Source,
@@ -56,9 +56,13 @@ pub fn load(dir: &Path) -> Result<RunRecord> {
     }
     let field = |name: &str| run.get(name).cloned().unwrap_or(serde_json::Value::Null);
     let method = field("method").as_str().unwrap_or("unknown").to_string();
-    let threshold = run
-        .pointer("/config/threshold")
+    // The output cut (run.json's `threshold`, since threshold rules); runs
+    // from before it labelled at the training threshold.
+    let threshold = ["/threshold/min_prob", "/config/threshold"]
+        .iter()
+        .find_map(|p| run.pointer(p))
         .and_then(serde_json::Value::as_f64)
+        .filter(|t| *t <= 1.0)
         .unwrap_or(crate::threshold::DEFAULT_MIN_PROB);
     let inputs: Vec<String> = serde_json::from_value(field("inputs")).map_err(|e| {
         invalid(format!(

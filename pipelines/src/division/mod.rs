@@ -27,7 +27,8 @@ const COLLAPSE_WEIGHT: f64 = 1e-3;
 /// Clean probability on every fallback: no fitted model, no evidence of noise.
 const FALLBACK_CLEAN_PROB: f32 = 1.0;
 /// Clean probability of a score the model cannot place (NaN or ±inf): exactly
-/// undecided. With the usual strict `p > 0.5` rule such a pair is not clean.
+/// undecided. Scoring replaces it with 0 (`Runner::score`), so such a pair is
+/// never called clean, whatever the cut.
 const UNDECIDED_CLEAN_PROB: f32 = 0.5;
 /// Cells of the grid on which [`Division::clean_prob`] makes the posterior monotone.
 const MONOTONE_GRID: usize = 1000;
@@ -407,16 +408,6 @@ impl Division {
         mixture.means().get(self.clean_component).copied()
     }
 
-    /// Estimated noise rate = fraction of `probs` below 0.5 (helper used for
-    /// reports). An empty slice gives 0; NaN counts as not noisy.
-    pub fn estimated_noise_rate(probs: &[f32]) -> f64 {
-        if probs.is_empty() {
-            return 0.0;
-        }
-        let noisy = probs.iter().filter(|&&p| p < 0.5).count();
-        noisy as f64 / probs.len() as f64
-    }
-
     fn usable_mixture(&self) -> Option<&Mixture> {
         self.mixture.as_ref().filter(|_| self.clean_component < 2)
     }
@@ -770,15 +761,9 @@ mod tests {
             let p_high = high.clean_prob(&[0.1, 0.9]);
             assert!(p_low[0] > 0.99 && p_low[1] < 0.01, "{kind:?} {p_low:?}");
             assert!(p_high[0] < 0.01 && p_high[1] > 0.99, "{kind:?} {p_high:?}");
-            let rate = Division::estimated_noise_rate(&low.clean_prob(&scores));
-            assert_eq!(rate, 8.0 / 20.0, "{kind:?}");
+            let noisy = low.clean_prob(&scores).iter().filter(|&&p| p < 0.5).count();
+            assert_eq!(noisy, 8, "{kind:?}");
         }
-    }
-
-    #[test]
-    fn estimated_noise_rate_counts_strictly_below_half() {
-        assert_eq!(Division::estimated_noise_rate(&[]), 0.0);
-        assert_eq!(Division::estimated_noise_rate(&[0.1, 0.5, 0.9, 0.49]), 0.5);
     }
 
     #[test]

@@ -1,0 +1,340 @@
+//! Whether a run's division means anything: the two checks behind `fit`'s
+//! "no signal" and "no noise" warnings.
+//!
+//! A two-component mixture always finds two components, even in data that
+//! holds one population: on pairs the model cannot match (no signal) it
+//! splits them about in half, on noise-free data it cuts off a tail and
+//! calls it noise. The mixture alone cannot tell (its separation on
+//! noise-free demo data is within the range of real noisy data), so the
+//! trained model is asked directly: mismatched pairs should look like
+//! random pairs, so the similarity of each pair is compared with the
+//! similarities of random pairings of the same images and captions.
+//!
+//! - signal: the share of pairs more similar than 99% of the random
+//!   pairings. Chance gives 1%; matched pairs the model recognises lie
+//!   above, however many mismatched pairs there are (the AUROC against the
+//!   random pairings, also reported, falls with the noise rate itself).
+//! - random-like share: twice the share of pairs below the random
+//!   pairings' median similarity. Mismatched pairs are random pairings, so
+//!   half of them fall below it, and matched pairs seldom do: it estimates
+//!   the noise rate from below, independent of the mixture.
+
+use ncclean_pipelines::division::{Division, Fallback, Mixture};
+use serde::{Deserialize, Serialize};
+
+use crate::threshold::percent;
+
+/// Most pairs the check compares (its similarity matrix is this squared).
+pub const SAMPLE_PAIRS: usize = 1024;
+/// Below this share of pairs above the random pairings' 99th percentile
+/// (chance: 0.01) the model tells pairs from random pairings too poorly for
+/// any division.
+pub const MIN_MATCHED_SHARE: f64 = 0.05;
+/// At most this random-like share counts as noise-free data.
+pub const NOISE_FREE_SHARE: f64 = 0.02;
+/// The mixture's noise estimate must exceed the random-like share by this
+/// much before the cut is said to remove clean pairs.
+pub const OVERSTATED_BY: f64 = 0.05;
+
+/// The model's similarity of pairs against random pairings, on a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SignalCheck {
+    /// Pairs in the sample.
+    pub pairs: usize,
+    /// AUROC of the pairs' similarities against the random pairings'.
+    pub auroc: f64,
+    /// Share of pairs above the random pairings' 99th percentile.
+    pub matched_share: f64,
+    /// Twice the share of pairs below the random pairings' median, at most 1.
+    pub random_like_share: f64,
+}
+
+/// Evenly spaced positions of at most [`SAMPLE_PAIRS`] of `n` pairs.
+pub fn sample(n: usize) -> Vec<usize> {
+    let m = n.min(SAMPLE_PAIRS);
+    (0..m).map(|i| i * n / m).collect()
+}
+
+impl SignalCheck {
+    /// The check on an `m × m` similarity matrix (row-major) of `m` pairs'
+    /// images against their captions: the diagonal holds the pairs, the
+    /// rest random pairings. `None` with fewer than 2 pairs.
+    pub fn of(sim: &[f32], m: usize) -> Option<SignalCheck> {
+        if m < 2 || sim.len() != m * m {
+            return None;
+        }
+        let mut scores = Vec::with_capacity(m * m);
+        let mut is_pair = Vec::with_capacity(m * m);
+        let mut others = Vec::with_capacity(m * (m - 1));
+        for i in 0..m {
+            for j in 0..m {
+                let s = f64::from(sim[i * m + j]);
+                scores.push(s);
+                is_pair.push(i == j);
+                if i != j {
+                    others.push(s);
+                }
+            }
+        }
+        let auroc = crate::metrics::auroc(&scores, &is_pair)?;
+        others.sort_by(f64::total_cmp);
+        let median = others[others.len() / 2];
+        let p99 = others[(others.len() * 99 / 100).min(others.len() - 1)];
+        let above = (0..m).filter(|&i| f64::from(sim[i * m + i]) > p99).count();
+        let below = (0..m)
+            .filter(|&i| f64::from(sim[i * m + i]) < median)
+            .count();
+        Some(SignalCheck {
+            pairs: m,
+            auroc,
+            matched_share: above as f64 / m as f64,
+            random_like_share: (2.0 * below as f64 / m as f64).min(1.0),
+        })
+    }
+
+    /// The warnings these numbers call for, given the mixture's estimated
+    /// noise rate and its description (component means, separation).
+    pub fn warnings(&self, estimated_noise_rate: f64, mixture: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.matched_share < MIN_MATCHED_SHARE {
+            out.push(format!(
+                "no signal: the trained model scores pairs barely above random pairings of the same \
+                 images and captions ({} of {} pairs above 99% of the random pairings, chance is 1%; \
+                 AUROC {:.3}), so clean_prob and the estimated noise rate ({}) mean little \
+                 ({mixture}); check that the image and caption columns belong together and that \
+                 the towers suit the data",
+                percent(self.matched_share),
+                self.pairs,
+                self.auroc,
+                percent(estimated_noise_rate)
+            ));
+        } else if self.random_like_share <= NOISE_FREE_SHARE
+            && estimated_noise_rate >= self.random_like_share + OVERSTATED_BY
+        {
+            out.push(format!(
+                "no noise found: only {} of {} pairs score like random pairings (twice the share \
+                 below their median similarity), yet the mixture estimates {} noise ({mixture}); \
+                 the data look noise-free and the division cuts off clean pairs: keep more with \
+                 --min-prob or --remove-noise-rate R",
+                percent(self.random_like_share),
+                self.pairs,
+                percent(estimated_noise_rate)
+            ));
+        }
+        out
+    }
+}
+
+/// The final division's mixture in numbers people can judge (stats.json
+/// and the warnings): where the components sit on the normalised score
+/// scale, how far apart, and how much the noisy one weighs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MixtureSummary {
+    /// `gmm` or `bmm`; `none` when the division fell back without one.
+    pub kind: &'static str,
+    /// Mean of the clean component.
+    pub clean_mean: Option<f64>,
+    /// Mean of the noisy component.
+    pub noisy_mean: Option<f64>,
+    /// Weight of the noisy component.
+    pub noisy_weight: Option<f64>,
+    /// Ashman's D, `sqrt(2) |mean difference| / sqrt(var1 + var2)`: two
+    /// components with D under 2 make one hump, not two.
+    pub separation: Option<f64>,
+    /// Why the division fell back to calling every pair clean, if it did.
+    pub fallback: Option<String>,
+}
+
+impl MixtureSummary {
+    /// Summarise a fitted division.
+    pub fn of(d: &Division) -> MixtureSummary {
+        let fallback = d.fallback.as_ref().and_then(|f| match f {
+            Fallback::TooFew { n } => Some(format!("only {n} finite scores")),
+            Fallback::Constant => Some("every score is the same".to_string()),
+            Fallback::Collapsed { weight } => {
+                Some(format!("a single component: the other weighs {weight:.4}"))
+            }
+            Fallback::NonFinite { .. } => None,
+        });
+        let Some(m) = d.mixture.as_ref().filter(|_| d.clean_component < 2) else {
+            return MixtureSummary {
+                kind: "none",
+                clean_mean: None,
+                noisy_mean: None,
+                noisy_weight: None,
+                separation: None,
+                fallback,
+            };
+        };
+        let (kind, variances) = match m {
+            Mixture::Gmm(g) => ("gmm", g.variances),
+            Mixture::Bmm(b) => (
+                "bmm",
+                [0, 1].map(|k| {
+                    let (a, b) = (b.alphas[k], b.betas[k]);
+                    a * b / ((a + b) * (a + b) * (a + b + 1.0))
+                }),
+            ),
+        };
+        let (c, n) = (d.clean_component, 1 - d.clean_component);
+        let means = m.means();
+        MixtureSummary {
+            kind,
+            clean_mean: Some(means[c]),
+            noisy_mean: Some(means[n]),
+            noisy_weight: Some(m.weights()[n]),
+            separation: Some(
+                std::f64::consts::SQRT_2 * (means[0] - means[1]).abs()
+                    / (variances[0] + variances[1]).sqrt(),
+            ),
+            fallback,
+        }
+    }
+
+    /// One clause for messages: `clean component at 0.72, noisy at 0.31
+    /// weighing 29%, separation D 2.20`.
+    pub fn describe(&self) -> String {
+        match (
+            self.clean_mean,
+            self.noisy_mean,
+            self.noisy_weight,
+            self.separation,
+        ) {
+            (Some(c), Some(n), Some(w), Some(d)) => format!(
+                "{} clean component at {c:.2}, noisy at {n:.2} weighing {}, separation D {d:.2}",
+                self.kind,
+                percent(w)
+            ),
+            _ => format!(
+                "no mixture: {}",
+                self.fallback.as_deref().unwrap_or("not fitted")
+            ),
+        }
+    }
+
+    /// The warning a fallback calls for: the division found one population.
+    pub fn warning(&self) -> Option<String> {
+        self.fallback.as_ref().map(|f| {
+            format!(
+                "no noise found: the division fell back to one population ({f}), so every pair \
+                 is called clean; the data may be noise-free, or too small to divide"
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_are_evenly_spaced_and_bounded() {
+        assert_eq!(sample(4), [0, 1, 2, 3]);
+        let s = sample(10 * SAMPLE_PAIRS);
+        assert_eq!(
+            (s.len(), s[1], s[SAMPLE_PAIRS - 1]),
+            (SAMPLE_PAIRS, 10, 10 * 1023)
+        );
+    }
+
+    #[test]
+    fn matched_pairs_show_signal_and_no_random_like_pairs() {
+        // 3 pairs: every pair 0.9, every random pairing 0.1.
+        let sim = [0.9, 0.1, 0.1, 0.1, 0.9, 0.1, 0.1, 0.1, 0.9];
+        let c = SignalCheck::of(&sim, 3).unwrap();
+        assert_eq!(
+            (c.auroc, c.random_like_share, c.matched_share),
+            (1.0, 0.0, 1.0)
+        );
+        // A mixture estimating 30% noise here is cutting off clean pairs.
+        let w = c.warnings(0.3, "means 0.1 and 0.5");
+        assert_eq!(w.len(), 1);
+        assert!(
+            w[0].starts_with("no noise found: only 0% of 3 pairs"),
+            "{}",
+            w[0]
+        );
+        assert!(
+            w[0].contains("estimates 30% noise (means 0.1 and 0.5)"),
+            "{}",
+            w[0]
+        );
+        // An estimate near the random-like share is no warning.
+        assert!(c.warnings(0.04, "").is_empty());
+    }
+
+    #[test]
+    fn a_noisy_pair_is_random_like_and_no_signal_is_said() {
+        // Pair 1 (0.1) sits below the random pairings' median (0.3): 2 × 1/4.
+        #[rustfmt::skip]
+        let sim = [
+            0.9, 0.3, 0.3, 0.3,
+            0.2, 0.1, 0.5, 0.3,
+            0.3, 0.4, 0.9, 0.3,
+            0.3, 0.3, 0.2, 0.9,
+        ];
+        let c = SignalCheck::of(&sim, 4).unwrap();
+        assert_eq!(c.random_like_share, 0.5);
+        // 12 random pairings; pairs 0.9 beat all 12 (×3), 0.1 beats none:
+        // (36 + 0) / 48.
+        assert!((c.auroc - 36.0 / 48.0).abs() < 1e-12, "{}", c.auroc);
+        // The 99th percentile of the 12 is the largest, 0.5: 3 of 4 above.
+        assert_eq!(c.matched_share, 0.75);
+        assert!(c.warnings(0.5, "").is_empty());
+        // Pairs no more similar than random pairings: AUROC 0.5.
+        let flat = [0.5f32; 9];
+        let c = SignalCheck::of(&flat, 3).unwrap();
+        assert_eq!((c.auroc, c.matched_share), (0.5, 0.0));
+        let w = c.warnings(0.46, "separation 0.8");
+        assert!(w[0].starts_with("no signal: "), "{}", w[0]);
+        assert!(
+            w[0].contains(
+                "(0% of 3 pairs above 99% of the random pairings, chance is 1%; AUROC 0.500)"
+            ),
+            "{}",
+            w[0]
+        );
+        assert!(
+            w[0].contains("(46%) mean little (separation 0.8)"),
+            "{}",
+            w[0]
+        );
+        assert_eq!(SignalCheck::of(&[1.0], 1), None);
+    }
+
+    #[test]
+    fn mixtures_are_summarised_with_their_separation() {
+        use ncclean_pipelines::division::{CleanSide, Gmm, MixtureKind, Normaliser};
+        let mut d = Division {
+            kind: MixtureKind::Gmm,
+            side: CleanSide::HighMean,
+            normaliser: Normaliser { min: 0.0, max: 1.0 },
+            mixture: Some(Mixture::Gmm(Gmm {
+                weights: [0.3, 0.7],
+                means: [0.2, 0.8],
+                variances: [0.01, 0.07],
+            })),
+            clean_component: 1,
+            fallback: None,
+            iterations: 3,
+            converged: true,
+        };
+        let s = MixtureSummary::of(&d);
+        // sqrt(2) * 0.6 / sqrt(0.08) = 3.0.
+        assert!((s.separation.unwrap() - 3.0).abs() < 1e-12);
+        assert_eq!((s.noisy_mean, s.noisy_weight), (Some(0.2), Some(0.3)));
+        assert_eq!(
+            s.describe(),
+            "gmm clean component at 0.80, noisy at 0.20 weighing 30%, separation D 3.00"
+        );
+        assert_eq!(s.warning(), None);
+        d.mixture = None;
+        d.fallback = Some(Fallback::Collapsed { weight: 0.0004 });
+        let s = MixtureSummary::of(&d);
+        assert_eq!(
+            s.describe(),
+            "no mixture: a single component: the other weighs 0.0004"
+        );
+        assert!(s.warning().unwrap().starts_with("no noise found"));
+    }
+}

@@ -1,0 +1,367 @@
+//! Threshold rules end to end (issue #14): every rule on fit, score and
+//! filter, `>=` at the cut, one cut for every shard, and the no-signal /
+//! no-noise warnings.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{ncclean, ok, p};
+use ncclean::data::read_labels;
+use ncclean::threshold::{Record, Rule, RECORD_FILE};
+
+/// 2,000 embedding demo pairs (fast to train) in `dir`, with `rate` of
+/// them mismatched (`ncclean corrupt`, seed 1) when `rate` > 0.
+fn data(dir: &Path, name: &str, rate: f64) -> PathBuf {
+    let raw = dir.join(name);
+    ok(&[
+        "demo",
+        "--out",
+        p(&raw),
+        "--pairs",
+        "2000",
+        "--embedding-dim",
+        "32",
+        "--seed",
+        "0",
+    ]);
+    let clean = raw.join("demo.parquet");
+    if rate == 0.0 {
+        return clean;
+    }
+    let noisy = dir.join(format!("{name}.parquet"));
+    ok(&[
+        "corrupt",
+        p(&clean),
+        "--rate",
+        &rate.to_string(),
+        "--seed",
+        "1",
+        "--out",
+        p(&noisy),
+    ]);
+    noisy
+}
+
+/// `fit --method vanilla` (seed 0) plus `extra`; returns stderr.
+fn fit(data: &Path, run: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "fit",
+        p(data),
+        "--out-dir",
+        p(run),
+        "--method",
+        "vanilla",
+        "--seed",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    let out = ncclean(&args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "fit {extra:?} failed:\n{err}");
+    err
+}
+
+fn stats(run: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(run.join("stats.json")).unwrap()).unwrap()
+}
+
+/// Every usable row's (clean_prob, is_clean).
+fn decisions(labels: &Path) -> Vec<(f32, bool)> {
+    read_labels(labels)
+        .unwrap()
+        .0
+        .iter()
+        .filter_map(|l| l.clean_prob.map(|c| (c, l.is_clean)))
+        .collect()
+}
+
+#[test]
+fn every_rule_cuts_at_or_above_and_reports_its_numbers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let noisy = data(tmp.path(), "noisy", 0.3);
+    let base = tmp.path().join("base");
+    fit(&noisy, &base, &[]);
+    let probs: Vec<f32> = decisions(&base.join("labels.parquet"))
+        .iter()
+        .map(|d| d.0)
+        .collect();
+    // A clean_prob that pairs hold (ties included) and that is not 0 or 1:
+    // `>=` keeps them, the strict `>` of earlier versions dropped them.
+    let mut inner: Vec<f32> = probs
+        .iter()
+        .copied()
+        .filter(|&x| x > 0.01 && x < 0.99)
+        .collect();
+    inner.sort_by(f32::total_cmp);
+    let at = inner[inner.len() / 2];
+    let at_text = f64::from(at).to_string();
+
+    let runs = [
+        ("min", vec!["--min-prob", at_text.as_str()]),
+        ("keep", vec!["--keep-fraction", "0.6"]),
+        ("prec", vec!["--target-precision", "0.97"]),
+        ("noise", vec!["--remove-noise-rate"]),
+    ];
+    for (name, flags) in runs {
+        let run = tmp.path().join(name);
+        let err = fit(&noisy, &run, &flags);
+        let s = stats(&run);
+        let cut = &s["cut"];
+        let min_prob = cut["min_prob"].as_f64().unwrap();
+        let rows = decisions(&run.join("labels.parquet"));
+        // Training is the same for every rule (same seed): only the cut moves.
+        assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), probs);
+        for &(c, clean) in &rows {
+            assert_eq!(clean, f64::from(c) >= min_prob, "{name}: {c} vs {min_prob}");
+        }
+        let kept: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.1)
+            .map(|r| f64::from(r.0))
+            .collect();
+        assert_eq!(s["clean"], kept.len(), "{name}");
+        let precision = kept.iter().sum::<f64>() / kept.len() as f64;
+        assert!((cut["expected_precision"].as_f64().unwrap() - precision).abs() < 1e-9);
+        let noise = probs.iter().map(|&x| 1.0 - f64::from(x)).sum::<f64>() / 2000.0;
+        assert!((s["estimated_noise_rate"].as_f64().unwrap() - noise).abs() < 1e-9);
+        assert!(err.contains("-> keeping clean_prob >= "), "{name}: {err}");
+        assert!(!err.contains("Cut("), "{err}");
+        let meta = read_labels(&run.join("labels.parquet")).unwrap().1;
+        assert_eq!(meta["ncclean.threshold"], min_prob.to_string());
+        match name {
+            "min" => {
+                assert_eq!(min_prob, f64::from(at));
+                assert!(rows.iter().any(|&(c, clean)| c == at && clean));
+            }
+            "keep" => {
+                // 60% of 2,000, more only when ties straddle the cut.
+                assert!(kept.len() >= 1200);
+                let above = rows.iter().filter(|r| f64::from(r.0) > min_prob).count();
+                assert!(above < 1200, "{above}");
+            }
+            "prec" => {
+                assert!(precision >= 0.97);
+                // The largest such set: one more tie group drops below.
+                let next = rows
+                    .iter()
+                    .map(|r| f64::from(r.0))
+                    .filter(|&c| c < min_prob)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                let wider: Vec<f64> = rows
+                    .iter()
+                    .map(|r| f64::from(r.0))
+                    .filter(|&c| c >= next)
+                    .collect();
+                assert!(wider.iter().sum::<f64>() / (wider.len() as f64) < 0.97);
+            }
+            _ => {
+                // Removes round(estimated rate × pairs), ties kept whole.
+                let removed = 2000 - kept.len();
+                assert!(removed <= (noise * 2000.0).round() as usize);
+                assert!(
+                    removed + 20 >= (noise * 2000.0).round() as usize,
+                    "{removed}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn score_applies_the_training_cut_on_every_shard() {
+    let tmp = tempfile::tempdir().unwrap();
+    let noisy = data(tmp.path(), "noisy", 0.3);
+    let run = tmp.path().join("run");
+    fit(&noisy, &run, &["--keep-fraction", "0.7"]);
+    let record: Record =
+        serde_json::from_slice(&std::fs::read(run.join("checkpoint").join(RECORD_FILE)).unwrap())
+            .unwrap();
+    assert_eq!(record.cut.rule, Rule::KeepFraction(0.7));
+    // Scoring the training data again reproduces fit's labels: the stored
+    // cut, not a fraction of what is scored.
+    let again = tmp.path().join("again.parquet");
+    ok(&[
+        "score",
+        p(&noisy),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&again),
+    ]);
+    assert_eq!(
+        read_labels(&again).unwrap().0,
+        read_labels(&run.join("labels.parquet")).unwrap().0
+    );
+    // Two slices of the data scored apart with a fraction rule get the
+    // cut resolved on the training distribution, not each its own.
+    let out = ok(&[
+        "score",
+        p(&noisy),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&tmp.path().join("half.parquet")),
+        "--keep-fraction",
+        "0.5",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let want = record.cut_for(Rule::KeepFraction(0.5)).min_prob;
+    assert_eq!(v["min_prob"].as_f64().unwrap(), want);
+    let kept = v["clean"].as_u64().unwrap();
+    assert!((990..=1010).contains(&kept), "{kept}");
+    let meta = read_labels(&tmp.path().join("half.parquet")).unwrap().1;
+    assert_eq!(meta["ncclean.threshold"], want.to_string());
+    assert_eq!(meta["ncclean.threshold_rule"], "keep the top 50%");
+    // An invalid value is a usage error naming the flag.
+    let bad = ncclean(&[
+        "score",
+        p(&noisy),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&tmp.path().join("bad.parquet")),
+        "--target-precision",
+        "2",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr)
+        .contains("--target-precision must be between 0 and 1, got 2"));
+}
+
+#[test]
+fn filter_resolves_rules_on_the_labels_and_says_the_cut() {
+    let tmp = tempfile::tempdir().unwrap();
+    let noisy = data(tmp.path(), "noisy", 0.3);
+    let run = tmp.path().join("run");
+    fit(&noisy, &run, &[]);
+    let labels = run.join("labels.parquet");
+    let rows = decisions(&labels);
+    for (flags, check) in [
+        (
+            vec!["--target-precision", "0.95"],
+            "largest set with expected precision >= 95%",
+        ),
+        (vec!["--remove-noise-rate", "0.25"], "remove the lowest 25%"),
+    ] {
+        let out_file = tmp.path().join("kept.parquet");
+        let mut args = vec![
+            "filter",
+            p(&noisy),
+            "--labels",
+            p(&labels),
+            "--out",
+            p(&out_file),
+        ];
+        args.extend_from_slice(&flags);
+        let out = ncclean(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert!(err.contains("keeping clean_prob >= "), "{err}");
+        assert!(err.contains(check), "{err}");
+        assert!(!err.contains("Cut("), "{err}");
+        let v: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+        let kept = v["rows_out"].as_u64().unwrap() as usize;
+        let mut top: Vec<f64> = rows.iter().map(|r| f64::from(r.0)).collect();
+        top.sort_by(|a, b| b.total_cmp(a));
+        let at_or_above = |c: f64| top.iter().filter(|&&x| x >= c).count();
+        if flags[0] == "--remove-noise-rate" {
+            // Removing 500 of 2,000 cuts at the 1,500th highest, its ties kept.
+            assert_eq!(kept, at_or_above(top[1499]));
+        } else {
+            let mean = |k: usize| top[..k].iter().sum::<f64>() / k as f64;
+            assert!(kept > 0 && mean(kept) >= 0.95);
+            // The largest such set: the next tie group brings it below.
+            assert!(kept == 2000 || mean(at_or_above(top[kept])) < 0.95);
+        }
+    }
+}
+
+#[test]
+fn fit_warns_on_noise_free_data_and_on_data_without_signal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let clean = data(tmp.path(), "clean", 0.0);
+    let run = tmp.path().join("clean-run");
+    let err = fit(&clean, &run, &[]);
+    assert!(
+        err.contains("warning: no noise found: only 0% of 1024 pairs"),
+        "{err}"
+    );
+    let s = stats(&run);
+    assert!(s["warnings"][0]
+        .as_str()
+        .unwrap()
+        .starts_with("no noise found"));
+    assert!(s["signal"]["random_like_share"].as_f64().unwrap() <= 0.02);
+    assert!(s["mixture"]["separation"].as_f64().is_some());
+
+    // Every caption on another image: nothing to learn.
+    let shuffled = data(tmp.path(), "shuffled", 1.0);
+    let run = tmp.path().join("shuffled-run");
+    let err = fit(&shuffled, &run, &[]);
+    assert!(err.contains("warning: no signal: "), "{err}");
+    assert!(stats(&run)["signal"]["matched_share"].as_f64().unwrap() < 0.05);
+
+    // Noisy data with signal: neither warning.
+    let noisy = data(tmp.path(), "noisy", 0.3);
+    let run = tmp.path().join("noisy-run");
+    let err = fit(&noisy, &run, &[]);
+    assert!(
+        !err.contains("no signal") && !err.contains("no noise"),
+        "{err}"
+    );
+    assert_eq!(stats(&run)["warnings"], serde_json::json!([]));
+}
+
+#[test]
+fn shards_scored_apart_get_one_cut_for_a_fraction_rule() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shards = tmp.path().join("shards");
+    ok(&[
+        "demo",
+        "--out",
+        p(&shards),
+        "--pairs",
+        "1200",
+        "--embedding-dim",
+        "32",
+        "--shards",
+        "2",
+        "--seed",
+        "0",
+    ]);
+    let run = tmp.path().join("run");
+    fit(&shards, &run, &[]);
+    let labels = tmp.path().join("labels");
+    // One worker per shard, each resolving --keep-fraction: on the
+    // training distribution, so both write the same cut.
+    for i in ["0", "1"] {
+        ok(&[
+            "score",
+            p(&shards),
+            "--checkpoint",
+            p(&run),
+            "--out-dir",
+            p(&labels),
+            "--num-shards",
+            "2",
+            "--shard-index",
+            i,
+            "--keep-fraction",
+            "0.4",
+        ]);
+    }
+    let record = Record::load(&run.join("checkpoint")).unwrap().unwrap();
+    let want = record.cut_for(Rule::KeepFraction(0.4)).min_prob;
+    for stem in ["demo-00000", "demo-00001"] {
+        let (rows, meta) = read_labels(&labels.join(format!("{stem}.parquet"))).unwrap();
+        assert_eq!(meta["ncclean.threshold"], want.to_string(), "{stem}");
+        for l in &rows {
+            assert_eq!(
+                l.is_clean,
+                l.clean_prob.is_some_and(|c| f64::from(c) >= want)
+            );
+        }
+    }
+}
