@@ -41,10 +41,11 @@ use ncclean_models::layers::log_softmax_last;
 use ncclean_models::{ImageTowerConfig, ModelConfig, PairInputs, TextTowerConfig};
 use serde::{Deserialize, Serialize};
 
+use crate::batch_stats::infonce_and_match_prob;
 use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::{Error, Result};
-use crate::losses::{match_prob, per_sample_hinge, symmetric_infonce};
+use crate::losses::{per_sample_hinge, symmetric_infonce};
 use crate::method::{pair_array, Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::net::Net;
 use crate::params::{non_negative, positive, unit_interval};
@@ -327,8 +328,7 @@ impl Recon {
         let shuffles = cfg.division_shuffles.max(1);
         let (mut l_cm, mut p) = (vec![0f32; n], vec![0f32; n]);
         for_each_shuffled_batch(&vi, &vt, cfg.batch_size, shuffles, order, |b| {
-            let cm: Vec<f32> = symmetric_infonce(&b.s, self.params.tau)?.to_vec1()?;
-            let pb: Vec<f32> = match_prob(&b.s, self.params.tau)?.to_vec1()?;
+            let (cm, pb) = infonce_and_match_prob(&b.s, self.params.tau);
             for (j, &i) in b.idx.iter().enumerate() {
                 l_cm[i] += cm[j] / shuffles as f32;
                 p[i] += pb[j] / shuffles as f32;
@@ -504,6 +504,7 @@ impl Method for Recon {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::losses::match_prob;
     use crate::test_support::{close, s3};
     use candle_core::Device;
     use candle_core::Var;

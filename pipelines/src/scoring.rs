@@ -15,10 +15,10 @@ use candle_core::{Result, Tensor};
 use ncclean_models::rng::Rng;
 use ncclean_models::PairInputs;
 
+use crate::batch_stats::{hinge, Square};
 use crate::batches::shuffled_batches;
 use crate::config::TrainConfig;
 use crate::division::{CleanSide, Division};
-use crate::losses::per_sample_hinge;
 use crate::net::Net;
 use crate::runner::{Streams, EMBED_CHUNK};
 
@@ -147,30 +147,31 @@ pub struct ShuffledBatch<'a> {
     pub images: Tensor,
     /// Their caption embeddings `[B, D]`.
     pub texts: Tensor,
-    /// The batch similarity matrix `S[i, j]` = image i against caption j.
-    pub s: Tensor,
+    /// The batch similarity matrix `S[i, j]` = image i against caption j,
+    /// on the host: every statistic of it is computed there
+    /// ([`crate::batch_stats`]).
+    pub s: Square,
 }
 
-/// Calls `f` on every batch of `shuffles` independent shuffled batchings
-/// (of all pairs, or of each block on its own: [`Shuffles`]), sliced from the
-/// full-dataset embeddings `vi`, `vt`. Statistics that depend on the other
-/// pairs of a batch (hinge, InfoNCE, `p_i`, in-batch structure) are computed
-/// this way. A pair sees its shuffles in order either way, so sums over them
-/// come out the same.
-pub fn for_each_shuffled_batch(
-    vi: &Tensor,
-    vt: &Tensor,
+/// The batches of `shuffles` independent shuffled batchings of `n` pairs
+/// (of all pairs, or of each block on its own: [`Shuffles`]), in order. A
+/// pair sees its shuffles in order either way, so sums over them come out
+/// the same. Methods that evaluate several networks on the same batches
+/// draw them once here.
+pub fn shuffled_batch_list(
+    n: usize,
     batch: usize,
     shuffles: usize,
     order: Shuffles,
-    mut f: impl FnMut(&ShuffledBatch) -> Result<()>,
-) -> Result<()> {
-    let n = vi.dim(0)?;
-    match order {
-        Shuffles::Global(rng) => {
-            let all: Vec<usize> = (0..n).collect();
-            batch_shuffles(vi, vt, &all, batch, shuffles, rng, &mut f)
+) -> Result<Vec<Vec<usize>>> {
+    let mut out = Vec::new();
+    let mut add = |items: &[usize], rng: &mut Rng| {
+        for _ in 0..shuffles.max(1) {
+            out.extend(shuffled_batches(items, batch, rng));
         }
+    };
+    match order {
+        Shuffles::Global(rng) => add(&(0..n).collect::<Vec<_>>(), rng),
         Shuffles::Blocks(blocks, streams) => {
             if blocks.pairs() != n {
                 return Err(candle_core::Error::Msg(format!(
@@ -180,43 +181,47 @@ pub fn for_each_shuffled_batch(
             }
             for b in blocks.blocks() {
                 let items: Vec<usize> = (b.start..b.start + b.len).collect();
-                let mut rng = streams.score_block(b.index);
-                batch_shuffles(vi, vt, &items, batch, shuffles, &mut rng, &mut f)?;
+                add(&items, &mut streams.score_block(b.index));
             }
-            Ok(())
         }
     }
+    Ok(out)
 }
 
-/// `shuffles` shuffled batchings of `items` from `rng`, each batch handed to `f`.
-fn batch_shuffles(
+/// Calls `f` on every batch of [`shuffled_batch_list`], sliced from the
+/// full-dataset embeddings `vi`, `vt`. Statistics that depend on the other
+/// pairs of a batch (hinge, InfoNCE, `p_i`, in-batch structure) are
+/// computed this way.
+pub fn for_each_shuffled_batch(
     vi: &Tensor,
     vt: &Tensor,
-    items: &[usize],
     batch: usize,
     shuffles: usize,
-    rng: &mut Rng,
-    f: &mut impl FnMut(&ShuffledBatch) -> Result<()>,
+    order: Shuffles,
+    mut f: impl FnMut(&ShuffledBatch) -> Result<()>,
 ) -> Result<()> {
-    for _ in 0..shuffles.max(1) {
-        for b in shuffled_batches(items, batch, rng) {
-            let ids = Tensor::from_vec(
-                b.iter().map(|&i| i as u32).collect::<Vec<_>>(),
-                b.len(),
-                vi.device(),
-            )?;
-            let images = vi.index_select(&ids, 0)?;
-            let texts = vt.index_select(&ids, 0)?;
-            let s = images.matmul(&texts.t()?)?;
-            f(&ShuffledBatch {
-                idx: &b,
-                images,
-                texts,
-                s,
-            })?;
-        }
+    for b in shuffled_batch_list(vi.dim(0)?, batch, shuffles, order)? {
+        f(&batch_of(vi, vt, &b)?)?;
     }
     Ok(())
+}
+
+/// The pairs `idx` of full-dataset embeddings as one [`ShuffledBatch`].
+pub fn batch_of<'a>(vi: &Tensor, vt: &Tensor, idx: &'a [usize]) -> Result<ShuffledBatch<'a>> {
+    let ids = Tensor::from_vec(
+        idx.iter().map(|&i| i as u32).collect::<Vec<_>>(),
+        idx.len(),
+        vi.device(),
+    )?;
+    let images = vi.index_select(&ids, 0)?;
+    let texts = vt.index_select(&ids, 0)?;
+    let s = Square::from_tensor(&images.matmul(&texts.t()?)?)?;
+    Ok(ShuffledBatch {
+        idx,
+        images,
+        texts,
+        s,
+    })
 }
 
 /// Element-wise mean of equally long vectors (statistics of co-taught
@@ -234,7 +239,7 @@ pub fn mean_of(vs: &[Vec<f32>]) -> Vec<f32> {
     out.into_iter().map(|x| x / vs.len() as f32).collect()
 }
 
-/// A per-pair statistic of the batch similarity matrix (`stat(S)` → `[B]`),
+/// A per-pair statistic of the batch similarity matrix (`stat(S)` → `B` values),
 /// computed in shuffled batches ([`for_each_shuffled_batch`]) and averaged
 /// over the shuffles.
 pub fn shuffled_statistic(
@@ -243,11 +248,11 @@ pub fn shuffled_statistic(
     batch: usize,
     shuffles: usize,
     order: Shuffles,
-    stat: impl Fn(&Tensor) -> Result<Tensor>,
+    stat: impl Fn(&Square) -> Vec<f32>,
 ) -> Result<Vec<f32>> {
     let mut acc = vec![0f32; vi.dim(0)?];
     for_each_shuffled_batch(vi, vt, batch, shuffles, order, |b| {
-        for (&i, v) in b.idx.iter().zip(stat(&b.s)?.to_vec1::<f32>()?) {
+        for (&i, v) in b.idx.iter().zip(stat(&b.s)) {
             acc[i] += v;
         }
         Ok(())
@@ -267,9 +272,7 @@ pub fn hinge_statistic(
     margin: f64,
     order: Shuffles,
 ) -> Result<Vec<f32>> {
-    shuffled_statistic(vi, vt, batch, shuffles, order, |s| {
-        per_sample_hinge(s, margin)
-    })
+    shuffled_statistic(vi, vt, batch, shuffles, order, |s| hinge(s, margin))
 }
 
 #[cfg(test)]
