@@ -93,7 +93,9 @@ use crate::net::Net;
 use crate::params::{non_negative, unit_interval};
 use crate::pipeline::PairScores;
 use crate::runner::EMBED_CHUNK;
-use crate::scoring::{batch_of, divide, mean_of, pair_similarity, shuffled_batch_list, Shuffles};
+use crate::scoring::{
+    batch_of, divide, mean_of, pair_similarity, par_map, shuffled_batch_list, Shuffles, PAR_WINDOW,
+};
 /// Cosines at or below this carry no usable ratio (see the departures).
 const RATIO_EPS: f32 = 1e-6;
 
@@ -401,16 +403,25 @@ fn nets_stats(
             similarity: pair_similarity(&vi, &vt)?,
         };
         let mut sets = Vec::with_capacity(batches.len());
-        for b in &batches {
-            let batch = batch_of(&vi, &vt, b)?;
-            let div = division_loss(&batch.s, cfg.margin, params.beta, params.alpha1);
-            for (j, &i) in b.iter().enumerate() {
-                st.l_div[i] += div.l_div[j];
+        for window in batches.chunks(PAR_WINDOW) {
+            let divs = par_map(window, |b| {
+                let batch = batch_of(&vi, &vt, b)?;
+                Ok(division_loss(
+                    &batch.s,
+                    cfg.margin,
+                    params.beta,
+                    params.alpha1,
+                ))
+            })?;
+            for (b, div) in window.iter().zip(divs) {
+                for (j, &i) in b.iter().enumerate() {
+                    st.l_div[i] += div.l_div[j];
+                }
+                if let Some(a) = div.anchor {
+                    st.anchor[b[a]] = true;
+                }
+                sets.push(bicro_anchor_set(&div.hinge, params.bicro_anchors(b.len())));
             }
-            if let Some(a) = div.anchor {
-                st.anchor[b[a]] = true;
-            }
-            sets.push(bicro_anchor_set(&div.hinge, params.bicro_anchors(b.len())));
         }
         passes.push(st);
         anchor_sets.push(sets);
@@ -427,19 +438,21 @@ fn nets_stats(
             TextInputs::Embeddings {
                 data: txt, dim: dt, ..
             },
-        ) => Some(((img.as_slice(), *di), (txt.as_slice(), *dt))),
+        ) => Some((FrozenRows::new(img, *di), FrozenRows::new(txt, *dt))),
         _ => None,
     };
-    for (t, b) in batches.iter().enumerate() {
+    let raw_labels = |t: usize| -> candle_core::Result<Vec<Vec<f32>>> {
+        let b = &batches[t];
         let sets: Vec<&[usize]> = anchor_sets.iter().map(|s| s[t].as_slice()).collect();
-        let raws = if let Some((img, txt)) = frozen {
+        if let Some((img, txt)) = &frozen {
             let mut union: Vec<usize> = sets.concat();
             union.sort_unstable();
             union.dedup();
             let dev = nets[0].device();
-            let (pi, pt) = (unit_rows(img, b, dev)?, unit_rows(txt, b, dev)?);
+            let (pi, pt) = (img.unit_rows(b, dev)?, txt.unit_rows(b, dev)?);
             let (cv, ct) = (to_anchors(&pi, &union)?, to_anchors(&pt, &union)?);
-            sets.iter()
+            Ok(sets
+                .iter()
                 .map(|set| {
                     let cols: Vec<usize> = set
                         .iter()
@@ -452,7 +465,7 @@ fn nets_stats(
                     };
                     bicro_raw_labels(set, &pick(&cv), &pick(&ct))
                 })
-                .collect::<Vec<_>>()
+                .collect())
         } else {
             nets.iter()
                 .zip(&sets)
@@ -464,11 +477,17 @@ fn nets_stats(
                         &to_anchors(&pt, set)?,
                     ))
                 })
-                .collect::<candle_core::Result<Vec<_>>>()?
-        };
-        for (st, raw) in passes.iter_mut().zip(raws) {
-            for (j, &i) in b.iter().enumerate() {
-                st.raw_label[i] += raw[j];
+                .collect()
+        }
+    };
+    let ts: Vec<usize> = (0..batches.len()).collect();
+    for window in ts.chunks(PAR_WINDOW) {
+        let raws = par_map(window, |&t| raw_labels(t))?;
+        for (&t, per_net) in window.iter().zip(raws) {
+            for (st, raw) in passes.iter_mut().zip(per_net) {
+                for (j, &i) in batches[t].iter().enumerate() {
+                    st.raw_label[i] += raw[j];
+                }
             }
         }
     }
@@ -480,25 +499,59 @@ fn nets_stats(
     Ok(passes)
 }
 
-/// Rows `idx` of the row-major vectors `(values, dim)`, each scaled to unit
-/// length as [`ncclean_models::layers::l2_normalize`] does (`x / √(|x|² +
-/// 1e-12)`): a frozen tower's pooled features
-/// ([`ncclean_models::MatchingModel::pooled_images`]), gathered and scaled
-/// in one pass instead of a gather and four tensor ops.
-fn unit_rows(
-    (values, dim): (&[f32], usize),
-    idx: &[usize],
-    dev: &candle_core::Device,
-) -> candle_core::Result<Tensor> {
-    let mut out = Vec::with_capacity(idx.len() * dim);
-    for &i in idx {
-        let Some(row) = values.get(i * dim..(i + 1) * dim) else {
-            candle_core::bail!("pair {i} has no feature vector of width {dim}");
-        };
-        let norm = (row.iter().map(|x| x * x).sum::<f32>() + 1e-12).sqrt();
-        out.extend(row.iter().map(|x| x / norm));
+/// A frozen tower's vectors (row-major, `dim` wide) with the inverse of
+/// every row's length as [`ncclean_models::layers::l2_normalize`] takes it
+/// (`1 / √(|x|² + 1e-12)`), found once per pass: a pair's rows are then
+/// scaled, not measured, in each of the shuffles that gathers it.
+struct FrozenRows<'a> {
+    values: &'a [f32],
+    dim: usize,
+    inv_norm: Vec<f32>,
+}
+
+impl<'a> FrozenRows<'a> {
+    fn new(values: &'a [f32], dim: usize) -> FrozenRows<'a> {
+        let inv_norm = values
+            .chunks_exact(dim.max(1))
+            .map(|row| 1.0 / (sum_of_squares(row) + 1e-12).sqrt())
+            .collect();
+        FrozenRows {
+            values,
+            dim,
+            inv_norm,
+        }
     }
-    Tensor::from_vec(out, (idx.len(), dim), dev)
+
+    /// Rows `idx` at unit length: the tower's pooled features
+    /// ([`ncclean_models::MatchingModel::pooled_images`]), gathered and
+    /// scaled in one pass instead of a gather and four tensor ops.
+    fn unit_rows(&self, idx: &[usize], dev: &candle_core::Device) -> candle_core::Result<Tensor> {
+        let d = self.dim;
+        let mut out = Vec::with_capacity(idx.len() * d);
+        for &i in idx {
+            let (Some(row), Some(&inv)) =
+                (self.values.get(i * d..(i + 1) * d), self.inv_norm.get(i))
+            else {
+                candle_core::bail!("pair {i} has no feature vector of width {d}");
+            };
+            out.extend(row.iter().map(|x| x * inv));
+        }
+        Tensor::from_vec(out, (idx.len(), d), dev)
+    }
+}
+
+/// `Σ x²` in eight independent lanes, which the compiler turns into vector
+/// instructions (a single running sum is one long dependency chain).
+fn sum_of_squares(x: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+    for c in chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l += v * v;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// Cosines `x[i] · x[a]` of every row of the unit features `x` with the rows
@@ -916,9 +969,13 @@ mod tests {
             unreachable!("embedding pairs")
         };
         let flat = |t: Tensor| t.flatten_all()?.to_vec1::<f32>();
-        close(&flat(unit_rows((img, 6), &idx, &Device::Cpu)?)?, &flat(pi)?);
-        close(&flat(unit_rows((txt, 6), &idx, &Device::Cpu)?)?, &flat(pt)?);
-        assert!(unit_rows((txt, 6), &[300], &Device::Cpu).is_err());
+        let (img, txt) = (FrozenRows::new(img, 6), FrozenRows::new(txt, 6));
+        close(&flat(img.unit_rows(&idx, &Device::Cpu)?)?, &flat(pi)?);
+        close(&flat(txt.unit_rows(&idx, &Device::Cpu)?)?, &flat(pt)?);
+        assert!(txt.unit_rows(&[300], &Device::Cpu).is_err());
+        // Eight lanes and a tail: 1 + 4 + … + 100 = 385.
+        let x: Vec<f32> = (1..=10).map(|v| v as f32).collect();
+        assert_eq!(sum_of_squares(&x), 385.0);
         Ok(())
     }
 

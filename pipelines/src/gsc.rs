@@ -305,12 +305,13 @@ impl Gsc {
                 let gt = Square::from_tensor(&b.texts.matmul(&b.texts.t()?)?)?;
                 // No label history for scored data: the initial labels, 1.
                 let sim = unit_weight_consistency(&gv, &gt);
-                let cm = batch_stats::match_prob(&b.s, self.params.tau1);
-                for (j, &i) in b.idx.iter().enumerate() {
+                Ok((sim, batch_stats::match_prob(&b.s, self.params.tau1)))
+            },
+            |idx, (sim, cm)| {
+                for (j, &i) in idx.iter().enumerate() {
                     s_im[i] += sim[j];
                     y_cm[i] += cm[j];
                 }
-                Ok(())
             },
         )?;
         let avg = |v: Vec<f32>| {

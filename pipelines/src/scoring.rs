@@ -11,6 +11,9 @@
 //! its shard only, so shards scored by separate processes give exactly the
 //! labels of one process scoring them all.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
 use candle_core::{Result, Tensor};
 use ncclean_models::rng::Rng;
 use ncclean_models::PairInputs;
@@ -188,22 +191,64 @@ pub fn shuffled_batch_list(
     Ok(out)
 }
 
-/// Calls `f` on every batch of [`shuffled_batch_list`], sliced from the
-/// full-dataset embeddings `vi`, `vt`. Statistics that depend on the other
-/// pairs of a batch (hinge, InfoNCE, `p_i`, in-batch structure) are
-/// computed this way.
-pub fn for_each_shuffled_batch(
+/// Computes `stat` on every batch of [`shuffled_batch_list`], sliced from
+/// the full-dataset embeddings `vi`, `vt`, and hands each result to `add`
+/// in batch order. Statistics that depend on the other pairs of a batch
+/// (hinge, InfoNCE, `p_i`, in-batch structure) are computed this way.
+/// Batches are independent, so `stat` runs on candle's thread pool
+/// ([`par_map`]); `add` sees them in order, so sums come out as in one
+/// thread.
+pub fn for_each_shuffled_batch<T: Send>(
     vi: &Tensor,
     vt: &Tensor,
     batch: usize,
     shuffles: usize,
     order: Shuffles,
-    mut f: impl FnMut(&ShuffledBatch) -> Result<()>,
+    stat: impl Fn(&ShuffledBatch) -> Result<T> + Sync,
+    mut add: impl FnMut(&[usize], T),
 ) -> Result<()> {
-    for b in shuffled_batch_list(vi.dim(0)?, batch, shuffles, order)? {
-        f(&batch_of(vi, vt, &b)?)?;
+    let batches = shuffled_batch_list(vi.dim(0)?, batch, shuffles, order)?;
+    for window in batches.chunks(PAR_WINDOW) {
+        let out = par_map(window, |b| stat(&batch_of(vi, vt, b)?))?;
+        for (b, t) in window.iter().zip(out) {
+            add(b, t);
+        }
     }
     Ok(())
+}
+
+/// Batches handed to the thread pool at a time: enough to keep every
+/// thread busy, few enough that their results stay small.
+pub const PAR_WINDOW: usize = 64;
+
+/// `f` of every item, in order, computed on candle's (rayon) thread pool
+/// with as many workers as candle gives its matrix products (nested
+/// products then share the same workers instead of oversubscribing the
+/// cores). Deterministic: each result depends on its item only.
+pub fn par_map<I: Sync, T: Send>(
+    items: &[I],
+    f: impl Fn(&I) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let workers = candle_core::utils::get_num_threads().clamp(1, items.len().max(1));
+    if workers == 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<Result<T>>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    candle_core::cpu::kernels::par_for_each(workers, |_| loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(item) = items.get(i) else { break };
+        let r = f(item);
+        *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+    });
+    slots
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or_else(|| Err(candle_core::Error::Msg("a worker stopped early".into())))
+        })
+        .collect()
 }
 
 /// The pairs `idx` of full-dataset embeddings as one [`ShuffledBatch`].
@@ -248,15 +293,22 @@ pub fn shuffled_statistic(
     batch: usize,
     shuffles: usize,
     order: Shuffles,
-    stat: impl Fn(&Square) -> Vec<f32>,
+    stat: impl Fn(&Square) -> Vec<f32> + Sync,
 ) -> Result<Vec<f32>> {
     let mut acc = vec![0f32; vi.dim(0)?];
-    for_each_shuffled_batch(vi, vt, batch, shuffles, order, |b| {
-        for (&i, v) in b.idx.iter().zip(stat(&b.s)) {
-            acc[i] += v;
-        }
-        Ok(())
-    })?;
+    for_each_shuffled_batch(
+        vi,
+        vt,
+        batch,
+        shuffles,
+        order,
+        |b| Ok(stat(&b.s)),
+        |idx, vals| {
+            for (&i, v) in idx.iter().zip(vals) {
+                acc[i] += v;
+            }
+        },
+    )?;
     let shuffles = shuffles.max(1) as f32;
     Ok(acc.into_iter().map(|v| v / shuffles).collect())
 }
