@@ -23,12 +23,24 @@
 pub const DEFAULT_CANDLE_THREADS: usize = 1;
 
 /// Set `CANDLE_NUM_THREADS` to [`DEFAULT_CANDLE_THREADS`] unless the
-/// environment already names a count. Must run before any candle op and
-/// before other threads start (it changes the process environment), so
-/// `main` calls it first; library users choose for themselves.
+/// environment already names a count, and pin `RAYON_NUM_THREADS` to the
+/// matrix-product thread count candle would find (see below). Must run
+/// before any candle op and before other threads start (it changes the
+/// process environment), so `main` calls it first; library users choose for
+/// themselves.
 pub fn configure() {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         std::env::set_var("CANDLE_NUM_THREADS", DEFAULT_CANDLE_THREADS.to_string());
+    }
+    // Without RAYON_NUM_THREADS, candle 0.11 counts the physical cores anew
+    // for every matrix product, by reading and parsing /proc/cpuinfo (a
+    // file that grows with the core count). Scoring runs thousands of
+    // small products: on the 2-core machine that lookup was a third of
+    // ESC's scoring CPU time (issue #10). The count is the same every
+    // time, so it is taken once; a user's own value is kept.
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = candle_core::utils::get_num_threads();
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     }
 }
 

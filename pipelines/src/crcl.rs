@@ -72,6 +72,7 @@ use ncclean_models::layers::log_softmax_last;
 use ncclean_models::ModelConfig;
 use serde::{Deserialize, Serialize};
 
+use crate::batch_stats;
 use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::{Error, Result};
@@ -242,7 +243,9 @@ pub fn match_prob_statistic(
     tau: f64,
     order: Shuffles,
 ) -> candle_core::Result<Vec<f32>> {
-    shuffled_statistic(vi, vt, batch, shuffles, order, |s| match_prob(s, tau))
+    shuffled_statistic(vi, vt, batch, shuffles, order, |s| {
+        batch_stats::match_prob(s, tau)
+    })
 }
 
 /// The CRCL method: its parameters, the momentum labels and the label rule

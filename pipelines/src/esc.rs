@@ -80,19 +80,22 @@
 //!   `l_div` as above.
 
 use candle_core::Tensor;
-use ncclean_models::{ModelConfig, PairInputs};
+use ncclean_models::{ImageInputs, ModelConfig, PairInputs, TextInputs};
 use serde::{Deserialize, Serialize};
 
+use crate::batch_stats::{self, Square};
 use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::{Error, Result};
-use crate::losses::{per_sample_hinge, soft_margin_hinge};
+use crate::losses::soft_margin_hinge;
 use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::net::Net;
 use crate::params::{non_negative, unit_interval};
 use crate::pipeline::PairScores;
 use crate::runner::EMBED_CHUNK;
-use crate::scoring::{divide, for_each_shuffled_batch, mean_of, pair_similarity, Shuffles};
+use crate::scoring::{
+    batch_of, divide, mean_of, pair_similarity, par_map, shuffled_batch_list, Shuffles, PAR_WINDOW,
+};
 /// Cosines at or below this carry no usable ratio (see the departures).
 const RATIO_EPS: f32 = 1e-6;
 
@@ -174,25 +177,19 @@ pub struct BatchDivision {
 }
 
 /// The division loss of one batch similarity matrix.
-pub fn division_loss(
-    s: &Tensor,
-    margin: f64,
-    beta: f64,
-    alpha1: f64,
-) -> candle_core::Result<BatchDivision> {
-    let hinge: Vec<f32> = per_sample_hinge(s, margin)?.to_vec1()?;
-    let rows: Vec<Vec<f32>> = s.to_vec2()?;
-    let (reg, anchor) = division_regulariser(&rows, alpha1);
+pub fn division_loss(s: &Square, margin: f64, beta: f64, alpha1: f64) -> BatchDivision {
+    let hinge = batch_stats::hinge(s, margin);
+    let (reg, anchor) = division_regulariser(&s.rows(), alpha1);
     let l_div = hinge
         .iter()
         .zip(&reg)
         .map(|(h, r)| h + (beta as f32) * r)
         .collect();
-    Ok(BatchDivision {
+    BatchDivision {
         l_div,
         hinge,
         anchor,
-    })
+    }
 }
 
 /// BiCro's ratio `min(a/b, b/a)`; 0 when either cosine is not positive.
@@ -380,63 +377,203 @@ pub struct Esc {
     plans: [NetPlan; 2],
 }
 
-/// `l_div`, ESC anchors and BiCro raw labels of every pair under `net`, in
-/// shuffled batches of the training batch size drawn from `rng`.
-fn net_stats(
-    net: &Net,
+/// `l_div`, ESC anchors and BiCro raw labels of every pair under each of
+/// `nets`, in the same shuffled batches of the training batch size (drawn
+/// once from `order`).
+fn nets_stats(
+    nets: &[&Net],
     data: &PairInputs,
     cfg: &TrainConfig,
     params: &EscParams,
     order: Shuffles,
-) -> Result<EscPass> {
-    let (vi, vt) = net.embed_all(data, EMBED_CHUNK)?;
-    let n = vi.dim(0)?;
+) -> Result<Vec<EscPass>> {
+    let n = data.len();
     let shuffles = cfg.division_shuffles.max(1);
-    let mut st = EscPass {
-        l_div: vec![0.0; n],
-        anchor: vec![false; n],
-        raw_label: vec![0.0; n],
-        similarity: pair_similarity(&vi, &vt)?,
-    };
-    for_each_shuffled_batch(&vi, &vt, cfg.batch_size, shuffles, order, |batch| {
-        let b = batch.idx;
-        let div = division_loss(&batch.s, cfg.margin, params.beta, params.alpha1)?;
-        // BiCro compares pairs by their pooled tower features, not by the
-        // joint space the noisy pairs are shaping.
-        let (pi, pt) = net.batch_pooled(data, b)?;
-        let anchors = bicro_anchor_set(&div.hinge, params.bicro_anchors(b.len()));
-        let ids: Vec<u32> = anchors.iter().map(|&a| a as u32).collect();
-        let ids = Tensor::from_vec(ids, anchors.len(), pi.device())?;
-        let to_anchors = |x: &Tensor| -> candle_core::Result<Vec<Vec<f32>>> {
-            x.matmul(&x.index_select(&ids, 0)?.t()?)?.to_vec2()
+    let batches = shuffled_batch_list(n, cfg.batch_size, shuffles, order)?;
+    let distinct = data.images.distinct();
+    let mut passes = Vec::with_capacity(nets.len());
+    // Per network, per batch: its BiCro anchors, lowest hinge first.
+    let mut anchor_sets: Vec<Vec<Vec<usize>>> = Vec::with_capacity(nets.len());
+    for net in nets {
+        let (vi, vt) = net.embed_all_with(data, EMBED_CHUNK, &distinct)?;
+        let mut st = EscPass {
+            l_div: vec![0.0; n],
+            anchor: vec![false; n],
+            raw_label: vec![0.0; n],
+            similarity: pair_similarity(&vi, &vt)?,
         };
-        let raw = bicro_raw_labels(&anchors, &to_anchors(&pi)?, &to_anchors(&pt)?);
-        for (j, &i) in b.iter().enumerate() {
-            st.l_div[i] += div.l_div[j];
-            st.raw_label[i] += raw[j];
+        let mut sets = Vec::with_capacity(batches.len());
+        for window in batches.chunks(PAR_WINDOW) {
+            let divs = par_map(window, |b| {
+                let batch = batch_of(&vi, &vt, b)?;
+                Ok(division_loss(
+                    &batch.s,
+                    cfg.margin,
+                    params.beta,
+                    params.alpha1,
+                ))
+            })?;
+            for (b, div) in window.iter().zip(divs) {
+                for (j, &i) in b.iter().enumerate() {
+                    st.l_div[i] += div.l_div[j];
+                }
+                if let Some(a) = div.anchor {
+                    st.anchor[b[a]] = true;
+                }
+                sets.push(bicro_anchor_set(&div.hinge, params.bicro_anchors(b.len())));
+            }
         }
-        if let Some(a) = div.anchor {
-            st.anchor[b[a]] = true;
+        passes.push(st);
+        anchor_sets.push(sets);
+    }
+    // BiCro compares pairs by their pooled tower features, not by the joint
+    // space the noisy pairs are shaping. A frozen tower's pooled feature is
+    // its cached vector, the same for every network: gathered once per batch,
+    // with one product against the union of the networks' anchors.
+    let frozen = match (&data.images, &data.texts) {
+        (
+            ImageInputs::Embeddings {
+                data: img, dim: di, ..
+            },
+            TextInputs::Embeddings {
+                data: txt, dim: dt, ..
+            },
+        ) => Some((FrozenRows::new(img, *di), FrozenRows::new(txt, *dt))),
+        _ => None,
+    };
+    let raw_labels = |t: usize| -> candle_core::Result<Vec<Vec<f32>>> {
+        let b = &batches[t];
+        let sets: Vec<&[usize]> = anchor_sets.iter().map(|s| s[t].as_slice()).collect();
+        if let Some((img, txt)) = &frozen {
+            let mut union: Vec<usize> = sets.concat();
+            union.sort_unstable();
+            union.dedup();
+            let dev = nets[0].device();
+            let (pi, pt) = (img.unit_rows(b, dev)?, txt.unit_rows(b, dev)?);
+            let (cv, ct) = (to_anchors(&pi, &union)?, to_anchors(&pt, &union)?);
+            Ok(sets
+                .iter()
+                .map(|set| {
+                    let cols: Vec<usize> = set
+                        .iter()
+                        .map(|a| union.binary_search(a).unwrap_or_default())
+                        .collect();
+                    let pick = |m: &[Vec<f32>]| -> Vec<Vec<f32>> {
+                        m.iter()
+                            .map(|row| cols.iter().map(|&c| row[c]).collect())
+                            .collect()
+                    };
+                    bicro_raw_labels(set, &pick(&cv), &pick(&ct))
+                })
+                .collect())
+        } else {
+            nets.iter()
+                .zip(&sets)
+                .map(|(net, set)| {
+                    let (pi, pt) = net.batch_pooled(data, b)?;
+                    Ok(bicro_raw_labels(
+                        set,
+                        &to_anchors(&pi, set)?,
+                        &to_anchors(&pt, set)?,
+                    ))
+                })
+                .collect()
         }
-        Ok(())
-    })?;
+    };
+    let ts: Vec<usize> = (0..batches.len()).collect();
+    for window in ts.chunks(PAR_WINDOW) {
+        let raws = par_map(window, |&t| raw_labels(t))?;
+        for (&t, per_net) in window.iter().zip(raws) {
+            for (st, raw) in passes.iter_mut().zip(per_net) {
+                for (j, &i) in batches[t].iter().enumerate() {
+                    st.raw_label[i] += raw[j];
+                }
+            }
+        }
+    }
     let inv = 1.0 / shuffles as f32;
-    st.l_div.iter_mut().for_each(|v| *v *= inv);
-    st.raw_label.iter_mut().for_each(|v| *v *= inv);
-    Ok(st)
+    for st in &mut passes {
+        st.l_div.iter_mut().for_each(|v| *v *= inv);
+        st.raw_label.iter_mut().for_each(|v| *v *= inv);
+    }
+    Ok(passes)
+}
+
+/// A frozen tower's vectors (row-major, `dim` wide) with the inverse of
+/// every row's length as [`ncclean_models::layers::l2_normalize`] takes it
+/// (`1 / √(|x|² + 1e-12)`), found once per pass: a pair's rows are then
+/// scaled, not measured, in each of the shuffles that gathers it.
+struct FrozenRows<'a> {
+    values: &'a [f32],
+    dim: usize,
+    inv_norm: Vec<f32>,
+}
+
+impl<'a> FrozenRows<'a> {
+    fn new(values: &'a [f32], dim: usize) -> FrozenRows<'a> {
+        let inv_norm = values
+            .chunks_exact(dim.max(1))
+            .map(|row| 1.0 / (sum_of_squares(row) + 1e-12).sqrt())
+            .collect();
+        FrozenRows {
+            values,
+            dim,
+            inv_norm,
+        }
+    }
+
+    /// Rows `idx` at unit length: the tower's pooled features
+    /// ([`ncclean_models::MatchingModel::pooled_images`]), gathered and
+    /// scaled in one pass instead of a gather and four tensor ops.
+    fn unit_rows(&self, idx: &[usize], dev: &candle_core::Device) -> candle_core::Result<Tensor> {
+        let d = self.dim;
+        let mut out = Vec::with_capacity(idx.len() * d);
+        for &i in idx {
+            let (Some(row), Some(&inv)) =
+                (self.values.get(i * d..(i + 1) * d), self.inv_norm.get(i))
+            else {
+                candle_core::bail!("pair {i} has no feature vector of width {d}");
+            };
+            out.extend(row.iter().map(|x| x * inv));
+        }
+        Tensor::from_vec(out, (idx.len(), d), dev)
+    }
+}
+
+/// `Σ x²` in eight independent lanes, which the compiler turns into vector
+/// instructions (a single running sum is one long dependency chain).
+fn sum_of_squares(x: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+    for c in chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l += v * v;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// Cosines `x[i] · x[a]` of every row of the unit features `x` with the rows
+/// `anchors`: `[B][A]`.
+fn to_anchors(x: &Tensor, anchors: &[usize]) -> candle_core::Result<Vec<Vec<f32>>> {
+    let ids: Vec<u32> = anchors.iter().map(|&a| a as u32).collect();
+    let ids = Tensor::from_vec(ids, anchors.len(), x.device())?;
+    x.matmul(&x.index_select(&ids, 0)?.t()?)?.to_vec2()
 }
 
 impl Esc {
     /// Net `k`'s division of the training data, used to train the other net.
     fn plan_from(&self, k: usize, ctx: &EpochCtx) -> Result<NetPlan> {
         let mut rng = ctx.streams.division(ctx.epoch, k);
-        let st = net_stats(
-            &ctx.nets[k],
+        let st = nets_stats(
+            &[&ctx.nets[k]],
             ctx.data,
             ctx.cfg,
             &self.params,
             (&mut rng).into(),
-        )?;
+        )?
+        .remove(0);
         let w = divide(&st.l_div, ctx.cfg, CleanSide::LowMean);
         let (clean, labels) = plan_labels(
             &w,
@@ -507,16 +644,15 @@ impl Method for Esc {
 
     /// Both networks' statistics on the same fixed batches, averaged.
     fn score_pass(&self, ctx: &ScoreCtx) -> Result<EscPass> {
-        let stats = |k: usize| {
-            net_stats(
-                &ctx.nets[k],
-                ctx.data,
-                ctx.cfg,
-                &self.params,
-                ctx.shuffles(),
-            )
-        };
-        let (a, b) = (stats(0)?, stats(1)?);
+        let nets: Vec<&Net> = ctx.nets.iter().collect();
+        let mut stats = nets_stats(&nets, ctx.data, ctx.cfg, &self.params, ctx.shuffles())?;
+        if stats.len() != 2 {
+            return Err(Error::State(format!(
+                "esc scores with 2 networks, the checkpoint holds {}",
+                stats.len()
+            )));
+        }
+        let (b, a) = (stats.remove(1), stats.remove(0));
         let anchor = a.anchor.iter().zip(&b.anchor).map(|(p, q)| *p || *q);
         Ok(EscPass {
             l_div: mean_of(&[a.l_div, b.l_div]),
@@ -584,6 +720,7 @@ impl Method for Esc {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::losses::per_sample_hinge;
     use crate::test_support::close;
     use candle_core::Device;
     use candle_core::Var;
@@ -642,7 +779,7 @@ mod tests {
         // i=3 (0.6): rows 0.7,0.1,0.5 → 0.3,0,0.1 → mean 0.133333; cols 0.3,0.0,0.2 → 0
         // l_div = l_hard + 0.5·[0, 0.09, 0.09, 0.16]
         //       = [0, 0.378333, 0.045, 0.213333]
-        let d = division_loss(&t4(), 0.2, 0.5, 0.0)?;
+        let d = division_loss(&Square::from_tensor(&t4())?, 0.2, 0.5, 0.0);
         close(&d.hinge, &[0.0, 1.0 / 3.0, 0.0, 0.4 / 3.0]);
         close(&d.l_div, &[0.0, 1.0 / 3.0 + 0.045, 0.045, 0.4 / 3.0 + 0.08]);
         assert_eq!(d.anchor, Some(0));
@@ -797,6 +934,52 @@ mod tests {
     }
 
     #[test]
+    fn networks_scored_together_equal_each_scored_alone() -> Result<()> {
+        // The scoring pass evaluates both networks on the same batches and
+        // compares BiCro cosines against the union of their anchors; each
+        // network's statistics must be what it gets on its own.
+        use crate::runner::Runner;
+        let mut r = ncclean_models::rng::Rng::new(5);
+        let mut v = |n: usize| (0..n).map(|_| r.normal() as f32).collect::<Vec<_>>();
+        let data = crate::test_support::embedding_pairs(v(300 * 6), v(300 * 6), 6);
+        let mcfg = crate::test_support::precomputed_model(6, 4, 8);
+        let mut cfg = train_cfg();
+        cfg.batch_size = 32;
+        let p = Runner::<Esc>::new(cfg.clone(), &mcfg, 0, &Device::Cpu)?;
+        let nets = p.networks();
+        let stats = |ns: &[&Net]| {
+            let mut rng = ncclean_models::rng::Rng::new(9);
+            nets_stats(ns, &data, &cfg, &params(), (&mut rng).into())
+        };
+        let both = stats(&[&nets[0], &nets[1]])?;
+        for (k, net) in nets.iter().enumerate() {
+            let alone = stats(&[net])?.remove(0);
+            close(&both[k].l_div, &alone.l_div);
+            close(&both[k].raw_label, &alone.raw_label);
+            assert_eq!(both[k].anchor, alone.anchor);
+        }
+        // The networks differ, so the union held anchors of both.
+        assert_ne!(both[0].l_div, both[1].l_div);
+        // Frozen vectors scaled on the host are the towers' pooled features.
+        let idx = [3, 0, 299, 7];
+        let (pi, pt) = nets[0].batch_pooled(&data, &idx)?;
+        let (ImageInputs::Embeddings { data: img, .. }, TextInputs::Embeddings { data: txt, .. }) =
+            (&data.images, &data.texts)
+        else {
+            unreachable!("embedding pairs")
+        };
+        let flat = |t: Tensor| t.flatten_all()?.to_vec1::<f32>();
+        let (img, txt) = (FrozenRows::new(img, 6), FrozenRows::new(txt, 6));
+        close(&flat(img.unit_rows(&idx, &Device::Cpu)?)?, &flat(pi)?);
+        close(&flat(txt.unit_rows(&idx, &Device::Cpu)?)?, &flat(pt)?);
+        assert!(txt.unit_rows(&[300], &Device::Cpu).is_err());
+        // Eight lanes and a tail: 1 + 4 + … + 100 = 385.
+        let x: Vec<f32> = (1..=10).map(|v| v as f32).collect();
+        assert_eq!(sum_of_squares(&x), 385.0);
+        Ok(())
+    }
+
+    #[test]
     fn bicro_labels_compare_pairs_by_pooled_tower_features() -> Result<()> {
         // tiny(): images e0, e1, e2, (e0+e1)/√2; captions e1, e2, e0, (e1+e2)/√2.
         // Precomputed towers pool to these unit vectors, so the only non-zero
@@ -825,7 +1008,8 @@ mod tests {
                 .min_by(|&x, &y| hinge[x].total_cmp(&hinge[y]))
                 .expect("four pairs");
             let params: EscParams = cfg.method_params("esc").expect("preset params");
-            let st = net_stats(net, &data, &cfg, &params, (&mut p.streams().score()).into())?;
+            let mut rng = p.streams().score();
+            let st = nets_stats(&[net], &data, &cfg, &params, (&mut rng).into())?.remove(0);
             close(&st.raw_label, &table[a]);
         }
         Ok(())

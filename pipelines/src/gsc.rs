@@ -71,12 +71,13 @@
 //!   once-applied label rule above (no momentum), because it must be
 //!   computable for new data and comparable with a threshold.
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use ncclean_models::layers::log_softmax_last;
 use ncclean_models::rng::Rng;
 use ncclean_models::ModelConfig;
 use serde::{Deserialize, Serialize};
 
+use crate::batch_stats::{self, Square};
 use crate::config::TrainConfig;
 use crate::division::{CleanSide, Division};
 use crate::error::{Error, Result};
@@ -143,6 +144,21 @@ pub fn intra_modal_consistency(
     let na = a.sqr()?.sum(1)?.sqrt()?;
     let nb = b.sqr()?.sum(1)?.sqrt()?;
     dot / ((na * nb)? + NORM_EPS)?
+}
+
+/// [`intra_modal_consistency`] with every label 1 (scoring: new data has no
+/// label history), on the host: the cosine between row i of `G^v` and
+/// row i of `G^t`.
+pub fn unit_weight_consistency(gv: &Square, gt: &Square) -> Vec<f32> {
+    (0..gv.n())
+        .map(|i| {
+            let (a, b) = (gv.row(i), gt.row(i));
+            let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+            let na = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+            let nb = b.iter().map(|x| x * x).sum::<f32>().sqrt();
+            dot / (na * nb + NORM_EPS as f32)
+        })
+        .collect()
 }
 
 /// `L_CM` of eq. 6: the symmetric InfoNCE at temperature τ with each pair's
@@ -267,8 +283,13 @@ impl Gsc {
     /// `S_IM` with unit weights, `y_CM` and `S_ii` of every pair under `net`,
     /// in shuffled batches of the scoring stream averaged over
     /// `division_shuffles` shuffles.
-    fn net_stats(&self, net: &Net, ctx: &ScoreCtx) -> Result<NetStats> {
-        let (vi, vt) = net.embed_all(ctx.data, EMBED_CHUNK)?;
+    fn net_stats(
+        &self,
+        net: &Net,
+        ctx: &ScoreCtx,
+        distinct: &(Vec<usize>, Vec<u32>),
+    ) -> Result<NetStats> {
+        let (vi, vt) = net.embed_all_with(ctx.data, EMBED_CHUNK, distinct)?;
         let n = vi.dim(0)?;
         let shuffles = ctx.cfg.division_shuffles.max(1);
         let mut s_im = vec![0f32; n];
@@ -280,17 +301,17 @@ impl Gsc {
             shuffles,
             ctx.shuffles(),
             |b| {
-                let gv = b.images.matmul(&b.images.t()?)?;
-                let gt = b.texts.matmul(&b.texts.t()?)?;
+                let gv = Square::from_tensor(&b.images.matmul(&b.images.t()?)?)?;
+                let gt = Square::from_tensor(&b.texts.matmul(&b.texts.t()?)?)?;
                 // No label history for scored data: the initial labels, 1.
-                let ones = Tensor::ones(b.idx.len(), DType::F32, vi.device())?;
-                let sim: Vec<f32> = intra_modal_consistency(&gv, &gt, &ones)?.to_vec1()?;
-                let cm: Vec<f32> = match_prob(&b.s, self.params.tau1)?.to_vec1()?;
-                for (j, &i) in b.idx.iter().enumerate() {
+                let sim = unit_weight_consistency(&gv, &gt);
+                Ok((sim, batch_stats::match_prob(&b.s, self.params.tau1)))
+            },
+            |idx, (sim, cm)| {
+                for (j, &i) in idx.iter().enumerate() {
                     s_im[i] += sim[j];
                     y_cm[i] += cm[j];
                 }
-                Ok(())
             },
         )?;
         let avg = |v: Vec<f32>| {
@@ -437,8 +458,9 @@ impl Method for Gsc {
         };
         let (mut ys, mut stats, mut sims, mut divisions) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let distinct = ctx.data.images.distinct();
         for (k, net) in ctx.nets.iter().enumerate() {
-            let st = self.net_stats(net, ctx)?;
+            let st = self.net_stats(net, ctx, &distinct)?;
             let div = match stored {
                 Some(d) => d[k].clone(),
                 None => Division::fit(&st.s_im, ctx.cfg.mixture, CleanSide::HighMean),
@@ -525,7 +547,7 @@ impl Method for Gsc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
+    use candle_core::{DType, Device};
     use ncclean_models::PairInputs;
 
     fn dev() -> Device {

@@ -41,6 +41,7 @@
 //! recipe (a per-sample hinge + mixture without co-teaching) and runs it.
 
 pub mod adam;
+pub mod batch_stats;
 pub mod batches;
 pub mod config;
 pub mod crcl;

@@ -107,6 +107,21 @@ impl Net {
     ///
     /// [`ImageInputs::distinct`]: ncclean_models::ImageInputs::distinct
     pub fn embed_all(&self, data: &PairInputs, chunk: usize) -> Result<(Tensor, Tensor)> {
+        self.embed_all_with(data, chunk, &data.images.distinct())
+    }
+
+    /// [`Net::embed_all`] with the images' `(first, of)` from
+    /// [`ImageInputs::distinct`] given: finding them compares every
+    /// image vector (about as long as embedding them), so co-taught
+    /// networks scoring the same data find them once.
+    ///
+    /// [`ImageInputs::distinct`]: ncclean_models::ImageInputs::distinct
+    pub fn embed_all_with(
+        &self,
+        data: &PairInputs,
+        chunk: usize,
+        distinct: &(Vec<usize>, Vec<u32>),
+    ) -> Result<(Tensor, Tensor)> {
         let n = data.len();
         if n == 0 {
             candle_core::bail!("no pairs to embed");
@@ -118,13 +133,19 @@ impl Net {
                 .collect::<Result<Vec<_>>>()?;
             Tensor::cat(&parts, 0)
         };
-        let (first, of) = data.images.distinct();
-        let vi = chunked(&first, &|c| {
+        let (first, of) = distinct;
+        if of.len() != n {
+            candle_core::bail!(
+                "distinct images cover {} pairs, the data holds {n}",
+                of.len()
+            );
+        }
+        let vi = chunked(first, &|c| {
             self.model
                 .embed_images(&data.images.batch(c, &self.device)?)
         })?;
         let vi = if first.len() < n {
-            vi.index_select(&Tensor::from_vec(of, n, &self.device)?, 0)?
+            vi.index_select(&Tensor::new(of.as_slice(), &self.device)?, 0)?
         } else {
             vi
         };

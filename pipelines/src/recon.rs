@@ -41,15 +41,18 @@ use ncclean_models::layers::log_softmax_last;
 use ncclean_models::{ImageTowerConfig, ModelConfig, PairInputs, TextTowerConfig};
 use serde::{Deserialize, Serialize};
 
+use crate::batch_stats::infonce_and_match_prob;
 use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::{Error, Result};
-use crate::losses::{match_prob, per_sample_hinge, symmetric_infonce};
+use crate::losses::{per_sample_hinge, symmetric_infonce};
 use crate::method::{pair_array, Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::net::Net;
 use crate::params::{non_negative, positive, unit_interval};
 use crate::pipeline::PairScores;
-use crate::scoring::{divide, for_each_shuffled_batch, pair_similarity, Shuffles};
+use crate::scoring::{
+    divide, for_each_shuffled_batch, pair_similarity, par_map, Shuffles, PAR_WINDOW,
+};
 
 /// Added to masked logits so padded tokens never win an argmax or a softmax.
 const MASK_OFFSET: f64 = 1e4;
@@ -293,7 +296,7 @@ impl Recon {
         // bound the memory of the projected cells.
         let (_, image_of) = data.images.distinct();
         let (mut vis, mut vts, mut l_im) = (Vec::new(), Vec::new(), Vec::with_capacity(n));
-        for chunk in all.chunks(cfg.batch_size.max(1)) {
+        let chunk_stats = |chunk: &&[usize]| -> candle_core::Result<(Tensor, Tensor, Vec<f32>)> {
             let mut firsts: Vec<usize> = Vec::new();
             let mut slot: std::collections::HashMap<u32, u32> = Default::default();
             let rows: Vec<u32> = chunk
@@ -318,23 +321,35 @@ impl Recon {
                 .model
                 .embed_texts_local(&data.texts.batch(chunk, dev)?)?;
             let im = intra_modal_loss(&li, &lt, &mask, self.params.relation_tau)?;
-            vis.push(gi.detach());
-            vts.push(gt.detach());
-            l_im.extend(im.detach().to_vec1::<f32>()?);
+            Ok((gi.detach(), gt.detach(), im.detach().to_vec1::<f32>()?))
+        };
+        // Chunks are independent: computed on the thread pool, kept in order.
+        let chunks: Vec<&[usize]> = all.chunks(cfg.batch_size.max(1)).collect();
+        for window in chunks.chunks(PAR_WINDOW) {
+            for (gi, gt, im) in par_map(window, chunk_stats)? {
+                vis.push(gi);
+                vts.push(gt);
+                l_im.extend(im);
+            }
         }
         let (vi, vt) = (Tensor::cat(&vis, 0)?, Tensor::cat(&vts, 0)?);
         let similarity = pair_similarity(&vi, &vt)?;
         let shuffles = cfg.division_shuffles.max(1);
         let (mut l_cm, mut p) = (vec![0f32; n], vec![0f32; n]);
-        for_each_shuffled_batch(&vi, &vt, cfg.batch_size, shuffles, order, |b| {
-            let cm: Vec<f32> = symmetric_infonce(&b.s, self.params.tau)?.to_vec1()?;
-            let pb: Vec<f32> = match_prob(&b.s, self.params.tau)?.to_vec1()?;
-            for (j, &i) in b.idx.iter().enumerate() {
-                l_cm[i] += cm[j] / shuffles as f32;
-                p[i] += pb[j] / shuffles as f32;
-            }
-            Ok(())
-        })?;
+        for_each_shuffled_batch(
+            &vi,
+            &vt,
+            cfg.batch_size,
+            shuffles,
+            order,
+            |b| Ok(infonce_and_match_prob(&b.s, self.params.tau)),
+            |idx, (cm, pb)| {
+                for (j, &i) in idx.iter().enumerate() {
+                    l_cm[i] += cm[j] / shuffles as f32;
+                    p[i] += pb[j] / shuffles as f32;
+                }
+            },
+        )?;
         Ok(Stats {
             l_cm,
             l_im,
@@ -504,6 +519,7 @@ impl Method for Recon {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::losses::match_prob;
     use crate::test_support::{close, s3};
     use candle_core::Device;
     use candle_core::Var;

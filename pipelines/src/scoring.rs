@@ -11,14 +11,17 @@
 //! its shard only, so shards scored by separate processes give exactly the
 //! labels of one process scoring them all.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
 use candle_core::{Result, Tensor};
 use ncclean_models::rng::Rng;
 use ncclean_models::PairInputs;
 
+use crate::batch_stats::{hinge, Square};
 use crate::batches::shuffled_batches;
 use crate::config::TrainConfig;
 use crate::division::{CleanSide, Division};
-use crate::losses::per_sample_hinge;
 use crate::net::Net;
 use crate::runner::{Streams, EMBED_CHUNK};
 
@@ -147,30 +150,31 @@ pub struct ShuffledBatch<'a> {
     pub images: Tensor,
     /// Their caption embeddings `[B, D]`.
     pub texts: Tensor,
-    /// The batch similarity matrix `S[i, j]` = image i against caption j.
-    pub s: Tensor,
+    /// The batch similarity matrix `S[i, j]` = image i against caption j,
+    /// on the host: every statistic of it is computed there
+    /// ([`crate::batch_stats`]).
+    pub s: Square,
 }
 
-/// Calls `f` on every batch of `shuffles` independent shuffled batchings
-/// (of all pairs, or of each block on its own: [`Shuffles`]), sliced from the
-/// full-dataset embeddings `vi`, `vt`. Statistics that depend on the other
-/// pairs of a batch (hinge, InfoNCE, `p_i`, in-batch structure) are computed
-/// this way. A pair sees its shuffles in order either way, so sums over them
-/// come out the same.
-pub fn for_each_shuffled_batch(
-    vi: &Tensor,
-    vt: &Tensor,
+/// The batches of `shuffles` independent shuffled batchings of `n` pairs
+/// (of all pairs, or of each block on its own: [`Shuffles`]), in order. A
+/// pair sees its shuffles in order either way, so sums over them come out
+/// the same. Methods that evaluate several networks on the same batches
+/// draw them once here.
+pub fn shuffled_batch_list(
+    n: usize,
     batch: usize,
     shuffles: usize,
     order: Shuffles,
-    mut f: impl FnMut(&ShuffledBatch) -> Result<()>,
-) -> Result<()> {
-    let n = vi.dim(0)?;
-    match order {
-        Shuffles::Global(rng) => {
-            let all: Vec<usize> = (0..n).collect();
-            batch_shuffles(vi, vt, &all, batch, shuffles, rng, &mut f)
+) -> Result<Vec<Vec<usize>>> {
+    let mut out = Vec::new();
+    let mut add = |items: &[usize], rng: &mut Rng| {
+        for _ in 0..shuffles.max(1) {
+            out.extend(shuffled_batches(items, batch, rng));
         }
+    };
+    match order {
+        Shuffles::Global(rng) => add(&(0..n).collect::<Vec<_>>(), rng),
         Shuffles::Blocks(blocks, streams) => {
             if blocks.pairs() != n {
                 return Err(candle_core::Error::Msg(format!(
@@ -180,43 +184,89 @@ pub fn for_each_shuffled_batch(
             }
             for b in blocks.blocks() {
                 let items: Vec<usize> = (b.start..b.start + b.len).collect();
-                let mut rng = streams.score_block(b.index);
-                batch_shuffles(vi, vt, &items, batch, shuffles, &mut rng, &mut f)?;
+                add(&items, &mut streams.score_block(b.index));
             }
-            Ok(())
         }
     }
+    Ok(out)
 }
 
-/// `shuffles` shuffled batchings of `items` from `rng`, each batch handed to `f`.
-fn batch_shuffles(
+/// Computes `stat` on every batch of [`shuffled_batch_list`], sliced from
+/// the full-dataset embeddings `vi`, `vt`, and hands each result to `add`
+/// in batch order. Statistics that depend on the other pairs of a batch
+/// (hinge, InfoNCE, `p_i`, in-batch structure) are computed this way.
+/// Batches are independent, so `stat` runs on candle's thread pool
+/// ([`par_map`]); `add` sees them in order, so sums come out as in one
+/// thread.
+pub fn for_each_shuffled_batch<T: Send>(
     vi: &Tensor,
     vt: &Tensor,
-    items: &[usize],
     batch: usize,
     shuffles: usize,
-    rng: &mut Rng,
-    f: &mut impl FnMut(&ShuffledBatch) -> Result<()>,
+    order: Shuffles,
+    stat: impl Fn(&ShuffledBatch) -> Result<T> + Sync,
+    mut add: impl FnMut(&[usize], T),
 ) -> Result<()> {
-    for _ in 0..shuffles.max(1) {
-        for b in shuffled_batches(items, batch, rng) {
-            let ids = Tensor::from_vec(
-                b.iter().map(|&i| i as u32).collect::<Vec<_>>(),
-                b.len(),
-                vi.device(),
-            )?;
-            let images = vi.index_select(&ids, 0)?;
-            let texts = vt.index_select(&ids, 0)?;
-            let s = images.matmul(&texts.t()?)?;
-            f(&ShuffledBatch {
-                idx: &b,
-                images,
-                texts,
-                s,
-            })?;
+    let batches = shuffled_batch_list(vi.dim(0)?, batch, shuffles, order)?;
+    for window in batches.chunks(PAR_WINDOW) {
+        let out = par_map(window, |b| stat(&batch_of(vi, vt, b)?))?;
+        for (b, t) in window.iter().zip(out) {
+            add(b, t);
         }
     }
     Ok(())
+}
+
+/// Batches handed to the thread pool at a time: enough to keep every
+/// thread busy, few enough that their results stay small.
+pub const PAR_WINDOW: usize = 64;
+
+/// `f` of every item, in order, computed on candle's (rayon) thread pool
+/// with as many workers as candle gives its matrix products (nested
+/// products then share the same workers instead of oversubscribing the
+/// cores). Deterministic: each result depends on its item only.
+pub fn par_map<I: Sync, T: Send>(
+    items: &[I],
+    f: impl Fn(&I) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let workers = candle_core::utils::get_num_threads().clamp(1, items.len().max(1));
+    if workers == 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<Result<T>>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    candle_core::cpu::kernels::par_for_each(workers, |_| loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(item) = items.get(i) else { break };
+        let r = f(item);
+        *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+    });
+    slots
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or_else(|| Err(candle_core::Error::Msg("a worker stopped early".into())))
+        })
+        .collect()
+}
+
+/// The pairs `idx` of full-dataset embeddings as one [`ShuffledBatch`].
+pub fn batch_of<'a>(vi: &Tensor, vt: &Tensor, idx: &'a [usize]) -> Result<ShuffledBatch<'a>> {
+    let ids = Tensor::from_vec(
+        idx.iter().map(|&i| i as u32).collect::<Vec<_>>(),
+        idx.len(),
+        vi.device(),
+    )?;
+    let images = vi.index_select(&ids, 0)?;
+    let texts = vt.index_select(&ids, 0)?;
+    let s = Square::from_tensor(&images.matmul(&texts.t()?)?)?;
+    Ok(ShuffledBatch {
+        idx,
+        images,
+        texts,
+        s,
+    })
 }
 
 /// Element-wise mean of equally long vectors (statistics of co-taught
@@ -234,7 +284,7 @@ pub fn mean_of(vs: &[Vec<f32>]) -> Vec<f32> {
     out.into_iter().map(|x| x / vs.len() as f32).collect()
 }
 
-/// A per-pair statistic of the batch similarity matrix (`stat(S)` → `[B]`),
+/// A per-pair statistic of the batch similarity matrix (`stat(S)` → `B` values),
 /// computed in shuffled batches ([`for_each_shuffled_batch`]) and averaged
 /// over the shuffles.
 pub fn shuffled_statistic(
@@ -243,15 +293,22 @@ pub fn shuffled_statistic(
     batch: usize,
     shuffles: usize,
     order: Shuffles,
-    stat: impl Fn(&Tensor) -> Result<Tensor>,
+    stat: impl Fn(&Square) -> Vec<f32> + Sync,
 ) -> Result<Vec<f32>> {
     let mut acc = vec![0f32; vi.dim(0)?];
-    for_each_shuffled_batch(vi, vt, batch, shuffles, order, |b| {
-        for (&i, v) in b.idx.iter().zip(stat(&b.s)?.to_vec1::<f32>()?) {
-            acc[i] += v;
-        }
-        Ok(())
-    })?;
+    for_each_shuffled_batch(
+        vi,
+        vt,
+        batch,
+        shuffles,
+        order,
+        |b| Ok(stat(&b.s)),
+        |idx, vals| {
+            for (&i, v) in idx.iter().zip(vals) {
+                acc[i] += v;
+            }
+        },
+    )?;
     let shuffles = shuffles.max(1) as f32;
     Ok(acc.into_iter().map(|v| v / shuffles).collect())
 }
@@ -267,9 +324,7 @@ pub fn hinge_statistic(
     margin: f64,
     order: Shuffles,
 ) -> Result<Vec<f32>> {
-    shuffled_statistic(vi, vt, batch, shuffles, order, |s| {
-        per_sample_hinge(s, margin)
-    })
+    shuffled_statistic(vi, vt, batch, shuffles, order, |s| hinge(s, margin))
 }
 
 #[cfg(test)]
