@@ -389,7 +389,7 @@ fn net_stats(
     params: &EscParams,
     order: Shuffles,
 ) -> Result<EscPass> {
-    let (vi, vt) = net.embed_all(data, EMBED_CHUNK)?;
+    let (vi, vt) = net.embed_ranges(data, &order.ranges(data.len()), EMBED_CHUNK)?;
     let n = vi.dim(0)?;
     let shuffles = cfg.division_shuffles.max(1);
     let mut st = EscPass {

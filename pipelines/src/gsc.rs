@@ -268,7 +268,8 @@ impl Gsc {
     /// in shuffled batches of the scoring stream averaged over
     /// `division_shuffles` shuffles.
     fn net_stats(&self, net: &Net, ctx: &ScoreCtx) -> Result<NetStats> {
-        let (vi, vt) = net.embed_all(ctx.data, EMBED_CHUNK)?;
+        let ranges = ctx.shuffles().ranges(ctx.data.len());
+        let (vi, vt) = net.embed_ranges(ctx.data, &ranges, EMBED_CHUNK)?;
         let n = vi.dim(0)?;
         let shuffles = ctx.cfg.division_shuffles.max(1);
         let mut s_im = vec![0f32; n];

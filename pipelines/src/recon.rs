@@ -284,7 +284,18 @@ impl Recon {
         order: Shuffles,
     ) -> Result<Stats> {
         let n = data.len();
-        let all: Vec<usize> = (0..n).collect();
+        // Chunks never span two scoring blocks: a block embeds exactly as
+        // it does scored alone.
+        let chunks: Vec<Vec<usize>> = order
+            .ranges(n)
+            .into_iter()
+            .flat_map(|r| {
+                r.collect::<Vec<usize>>()
+                    .chunks(cfg.batch_size.max(1))
+                    .map(<[usize]>::to_vec)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         let dev = net.device();
         // Embeddings and L_IM belong to one pair each: one pass over the
         // local features; only L_CM and p_i need the shuffled batches. The
@@ -293,7 +304,8 @@ impl Recon {
         // bound the memory of the projected cells.
         let (_, image_of) = data.images.distinct();
         let (mut vis, mut vts, mut l_im) = (Vec::new(), Vec::new(), Vec::with_capacity(n));
-        for chunk in all.chunks(cfg.batch_size.max(1)) {
+        for chunk in &chunks {
+            let chunk = chunk.as_slice();
             let mut firsts: Vec<usize> = Vec::new();
             let mut slot: std::collections::HashMap<u32, u32> = Default::default();
             let rows: Vec<u32> = chunk
