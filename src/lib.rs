@@ -23,6 +23,7 @@ pub(crate) mod parallel;
 pub mod progress;
 pub mod retrieval;
 pub mod rundir;
+pub mod sample;
 pub mod shards;
 pub mod temp;
 pub mod threads;
