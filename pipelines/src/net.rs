@@ -107,7 +107,7 @@ impl Net {
     ///
     /// [`ImageInputs::distinct`]: ncclean_models::ImageInputs::distinct
     pub fn embed_all(&self, data: &PairInputs, chunk: usize) -> Result<(Tensor, Tensor)> {
-        self.embed_ranges(data, &[0..data.len()], chunk)
+        self.embed_ranges(data, std::slice::from_ref(&(0..data.len())), chunk)
     }
 
     /// [`Net::embed_all`] with the pairs cut into `ranges` (consecutive,

@@ -108,7 +108,7 @@ impl Shuffles<'_> {
     /// scored with the rest of its file or alone ([`ScoreBlocks::part`]).
     pub fn ranges(&self, n: usize) -> Vec<std::ops::Range<usize>> {
         match self {
-            Shuffles::Global(_) => vec![0..n],
+            Shuffles::Global(_) => std::iter::once(0..n).collect(),
             Shuffles::Blocks(blocks, _) => blocks
                 .blocks()
                 .iter()
