@@ -207,3 +207,79 @@ fn fit_refuses_shards_with_different_columns_before_training() {
     assert!(err.contains("have different columns"), "{err}");
     assert!(!labels.exists());
 }
+
+#[test]
+fn fit_on_a_sample_trains_on_the_drawn_rows_of_every_file_and_records_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    ok(&[
+        "demo",
+        "--out",
+        p(&data),
+        "--pairs",
+        "800",
+        "--embedding-dim",
+        "8",
+        "--shards",
+        "2",
+        "--seed",
+        "0",
+    ]);
+    let fit = |name: &str, seed: &str| -> (Vec<(String, u64)>, serde_json::Value) {
+        let run = dir.path().join(name);
+        let out = quick_fit(
+            &data,
+            &run,
+            &["--method", "vanilla", "--sample", "300", "--seed", seed],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (labels, _) = read_labels(&run.join("labels.parquet")).unwrap();
+        let rows = labels
+            .iter()
+            .map(|l| (l.source_file.clone(), l.source_row))
+            .collect();
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
+        (rows, json)
+    };
+    let (rows, json) = fit("a", "5");
+    assert_eq!(rows.len(), 300);
+    assert_eq!(json["sample"]["rows"], 300);
+    assert_eq!(json["sample"]["of_rows"], 800);
+    assert_eq!(json["sample"]["seed"], 5);
+    let files: std::collections::BTreeSet<&String> = rows.iter().map(|r| &r.0).collect();
+    assert_eq!(files.len(), 2, "drawn from both files");
+    let (again, _) = fit("b", "5");
+    assert_eq!(again, rows, "same seed, same sample");
+    let (other, _) = fit("c", "6");
+    assert_ne!(other, rows, "another seed, another sample");
+    // filtered.parquet keeps drawn rows only; score labels every row.
+    let clean = dir.path().join("a").join("filtered.parquet");
+    let kept =
+        parquet::file::reader::SerializedFileReader::new(std::fs::File::open(clean).unwrap())
+            .map(|r| {
+                parquet::file::reader::FileReader::metadata(&r)
+                    .file_metadata()
+                    .num_rows()
+            })
+            .unwrap();
+    assert!(kept > 0 && kept <= 300, "{kept}");
+    let labels = dir.path().join("all.parquet");
+    ok(&[
+        "score",
+        p(&data),
+        "--checkpoint",
+        p(&dir.path().join("a")),
+        "--out",
+        p(&labels),
+    ]);
+    assert_eq!(read_labels(&labels).unwrap().0.len(), 800);
+    // At least 2 rows.
+    let out = quick_fit(&data, &dir.path().join("d"), &["--sample", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--sample must be at least 2"));
+}
