@@ -2,6 +2,7 @@
 """Score many shards with ncclean on Ray: one task per shard (or group).
 
     python3 examples/ray_score.py shards/ --out OUT --fit-shards 16        # laptop
+    python3 examples/ray_score.py shards/ --out OUT --fit-sample 200000    # large input
     python3 examples/ray_score.py shards/ --out OUT --checkpoint RUN \\
         --address auto --task-cpus 4 --task-gpus 1                         # cluster
 
@@ -10,7 +11,10 @@ What it does:
 1. Lists the shards (files, directories of *.parquet / *.tar, globs), sorted.
 2. Fits once, unless --checkpoint is given or OUT/run is a complete run:
    `ncclean fit` on --fit-shards shards picked with --seed (all shards if
-   not given), as one Ray task, into OUT/run.
+   not given), as one Ray task, into OUT/run. With --fit-sample N the fit
+   trains on N rows drawn at random across those shards (`ncclean fit
+   --sample N --seed SEED`: one streaming read of every shard, only the drawn
+   rows kept); the score step then labels every row.
 3. Runs one Ray task per --group shards: `ncclean score SHARDS --checkpoint
    RUN --out-dir OUT/labels` with the task's num_cpus / num_gpus. ncclean
    writes OUT/labels/<stem>.parquet and a completion marker per shard and
@@ -114,9 +118,12 @@ def main():
     ap.add_argument("--ncclean", default="ncclean", help="path of the ncclean binary (on every node)")
     ap.add_argument("--checkpoint", help="an existing run directory; skips the fit")
     ap.add_argument("--fit-shards", type=int, help="fit on this many shards picked with --seed (default: all)")
+    ap.add_argument("--fit-sample", type=int,
+                    help="fit on this many rows drawn across the fit shards (ncclean fit --sample N "
+                         "--seed SEED; default: every row)")
     ap.add_argument("--fit-args", default="", help="extra arguments for ncclean fit, e.g. '--method esc'")
     ap.add_argument("--score-args", default="", help="extra arguments for ncclean score, e.g. '--cache-dir DIR'")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the fit-shard pick")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the fit-shard pick and of --fit-sample's draw")
     ap.add_argument("--group", type=int, default=1, help="shards per Ray task")
     ap.add_argument("--task-cpus", type=float, default=1, help="num_cpus of every task")
     ap.add_argument("--task-gpus", type=float, default=0, help="num_gpus of every task")
@@ -157,8 +164,13 @@ def main():
             fit_shards = shards
             if a.fit_shards is not None and a.fit_shards < len(shards):
                 fit_shards = sorted(random.Random(a.seed).sample(shards, a.fit_shards))
-            args = [a.ncclean, "fit", *fit_shards, "--out-dir", run, *shlex.split(a.fit_args)]
-            print(f"fitting on {len(fit_shards)} of {len(shards)} shards into {run}", file=sys.stderr)
+            args = [a.ncclean, "fit", *fit_shards, "--out-dir", run]
+            if a.fit_sample is not None:
+                args += ["--sample", str(a.fit_sample), "--seed", str(a.seed)]
+            args += shlex.split(a.fit_args)
+            sample = f" (a sample of {a.fit_sample} rows)" if a.fit_sample is not None else ""
+            print(f"fitting on {len(fit_shards)} of {len(shards)} shards{sample} into {run}",
+                  file=sys.stderr)
             ray.get(task.remote(args, a.task_cpus))
 
     before = {stem_of(s): read_marker(labels_dir, stem_of(s)) for s in shards}
@@ -206,6 +218,7 @@ def main():
         "estimated_noise_rate": totals["noisy"] / max(1, totals["usable"]),
         "checkpoint": run,
         "fit_shards": fit_shards,
+        "fit_sample": a.fit_sample,
         "labels_dir": labels_dir,
         "wall_seconds": time.time() - started,
         "per_shard": per_shard,

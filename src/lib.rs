@@ -24,6 +24,7 @@ pub mod progress;
 pub mod report;
 pub mod retrieval;
 pub mod rundir;
+pub mod sample;
 pub mod shards;
 pub mod signal;
 pub mod temp;

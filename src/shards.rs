@@ -247,7 +247,8 @@ pub struct Counts {
 }
 
 impl Counts {
-    fn add(&mut self, o: &Counts) {
+    /// Add `o`'s counts to these (shards, or blocks of one shard).
+    pub fn add(&mut self, o: &Counts) {
         self.rows += o.rows;
         self.usable += o.usable;
         self.skipped += o.skipped;

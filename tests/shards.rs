@@ -388,6 +388,8 @@ fn the_ray_driver_scores_every_shard_and_writes_a_summary() {
             .args([
                 "--fit-shards",
                 "4",
+                "--fit-sample",
+                "300",
                 "--fit-args=--epochs 1 --warmup-epochs 1",
             ])
             .arg("--out")
@@ -405,6 +407,12 @@ fn the_ray_driver_scores_every_shard_and_writes_a_summary() {
     assert_eq!(s["rows"].as_u64(), Some(1600));
     assert_eq!(s["skipped_shards"].as_u64(), Some(0));
     assert_eq!(s["per_shard"].as_array().map(Vec::len), Some(8));
+    // The fit trained on 300 rows drawn from its 4 shards (800 rows).
+    assert_eq!(s["fit_sample"].as_u64(), Some(300));
+    let run: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("run/run.json")).unwrap()).unwrap();
+    assert_eq!(run["sample"]["rows"].as_u64(), Some(300));
+    assert_eq!(run["sample"]["of_rows"].as_u64(), Some(800));
     // The union of the driver's labels is what one process writes.
     let mut union = Vec::new();
     for k in 0..8 {

@@ -370,7 +370,8 @@ impl Method for Crcl {
     }
 
     fn score_pass(&self, ctx: &ScoreCtx) -> Result<StatPass> {
-        let (vi, vt) = ctx.nets[0].embed_all(ctx.data, EMBED_CHUNK)?;
+        let ranges = ctx.shuffles().ranges(ctx.data.len());
+        let (vi, vt) = ctx.nets[0].embed_ranges(ctx.data, &ranges, EMBED_CHUNK)?;
         let statistic = match_prob_statistic(
             &vi,
             &vt,

@@ -388,14 +388,15 @@ fn nets_stats(
     order: Shuffles,
 ) -> Result<Vec<EscPass>> {
     let n = data.len();
+    let ranges = order.ranges(n);
     let shuffles = cfg.division_shuffles.max(1);
     let batches = shuffled_batch_list(n, cfg.batch_size, shuffles, order)?;
-    let distinct = data.images.distinct();
+    let (_, image_of) = data.images.distinct();
     let mut passes = Vec::with_capacity(nets.len());
     // Per network, per batch: its BiCro anchors, lowest hinge first.
     let mut anchor_sets: Vec<Vec<Vec<usize>>> = Vec::with_capacity(nets.len());
     for net in nets {
-        let (vi, vt) = net.embed_all_with(data, EMBED_CHUNK, &distinct)?;
+        let (vi, vt) = net.embed_ranges_with(data, &ranges, EMBED_CHUNK, &image_of)?;
         let mut st = EscPass {
             l_div: vec![0.0; n],
             anchor: vec![false; n],

@@ -283,13 +283,9 @@ impl Gsc {
     /// `S_IM` with unit weights, `y_CM` and `S_ii` of every pair under `net`,
     /// in shuffled batches of the scoring stream averaged over
     /// `division_shuffles` shuffles.
-    fn net_stats(
-        &self,
-        net: &Net,
-        ctx: &ScoreCtx,
-        distinct: &(Vec<usize>, Vec<u32>),
-    ) -> Result<NetStats> {
-        let (vi, vt) = net.embed_all_with(ctx.data, EMBED_CHUNK, distinct)?;
+    fn net_stats(&self, net: &Net, ctx: &ScoreCtx, image_of: &[u32]) -> Result<NetStats> {
+        let ranges = ctx.shuffles().ranges(ctx.data.len());
+        let (vi, vt) = net.embed_ranges_with(ctx.data, &ranges, EMBED_CHUNK, image_of)?;
         let n = vi.dim(0)?;
         let shuffles = ctx.cfg.division_shuffles.max(1);
         let mut s_im = vec![0f32; n];
@@ -458,9 +454,9 @@ impl Method for Gsc {
         };
         let (mut ys, mut stats, mut sims, mut divisions) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let distinct = ctx.data.images.distinct();
+        let (_, image_of) = ctx.data.images.distinct();
         for (k, net) in ctx.nets.iter().enumerate() {
-            let st = self.net_stats(net, ctx, &distinct)?;
+            let st = self.net_stats(net, ctx, &image_of)?;
             let div = match stored {
                 Some(d) => d[k].clone(),
                 None => Division::fit(&st.s_im, ctx.cfg.mixture, CleanSide::HighMean),

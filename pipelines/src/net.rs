@@ -107,24 +107,41 @@ impl Net {
     ///
     /// [`ImageInputs::distinct`]: ncclean_models::ImageInputs::distinct
     pub fn embed_all(&self, data: &PairInputs, chunk: usize) -> Result<(Tensor, Tensor)> {
-        self.embed_all_with(data, chunk, &data.images.distinct())
+        self.embed_ranges(data, std::slice::from_ref(&(0..data.len())), chunk)
     }
 
-    /// [`Net::embed_all`] with the images' `(first, of)` from
-    /// [`ImageInputs::distinct`] given: finding them compares every
-    /// image vector (about as long as embedding them), so co-taught
+    /// [`Net::embed_all`] with the pairs cut into `ranges` (consecutive,
+    /// covering every pair), each embedded on its own: its chunks start at
+    /// its first pair and its distinct images are those it shows, so a range
+    /// gets the bits it gets embedded alone.
+    pub fn embed_ranges(
+        &self,
+        data: &PairInputs,
+        ranges: &[std::ops::Range<usize>],
+        chunk: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        self.embed_ranges_with(data, ranges, chunk, &data.images.distinct().1)
+    }
+
+    /// [`Net::embed_ranges`] with each pair's distinct image `of` given (the
+    /// second half of [`ImageInputs::distinct`]): finding them compares
+    /// every image vector (about as long as embedding them), so co-taught
     /// networks scoring the same data find them once.
     ///
     /// [`ImageInputs::distinct`]: ncclean_models::ImageInputs::distinct
-    pub fn embed_all_with(
+    pub fn embed_ranges_with(
         &self,
         data: &PairInputs,
+        ranges: &[std::ops::Range<usize>],
         chunk: usize,
-        distinct: &(Vec<usize>, Vec<u32>),
+        of: &[u32],
     ) -> Result<(Tensor, Tensor)> {
         let n = data.len();
         if n == 0 {
             candle_core::bail!("no pairs to embed");
+        }
+        if ranges.iter().map(|r| r.len()).sum::<usize>() != n {
+            candle_core::bail!("the embedding ranges do not cover the {n} pairs");
         }
         let chunked = |idx: &[usize], embed: &dyn Fn(&[usize]) -> Result<Tensor>| {
             let parts = idx
@@ -133,27 +150,48 @@ impl Net {
                 .collect::<Result<Vec<_>>>()?;
             Tensor::cat(&parts, 0)
         };
-        let (first, of) = distinct;
         if of.len() != n {
             candle_core::bail!(
                 "distinct images cover {} pairs, the data holds {n}",
                 of.len()
             );
         }
-        let vi = chunked(first, &|c| {
-            self.model
-                .embed_images(&data.images.batch(c, &self.device)?)
-        })?;
-        let vi = if first.len() < n {
-            vi.index_select(&Tensor::new(of.as_slice(), &self.device)?, 0)?
-        } else {
-            vi
+        let (mut vis, mut vts) = (Vec::new(), Vec::new());
+        for r in ranges.iter().filter(|r| !r.is_empty()) {
+            // The range's distinct images in order of appearance, and each
+            // pair's among them: what `distinct` gives the range alone.
+            let mut slot: std::collections::HashMap<u32, u32> = Default::default();
+            let mut first = Vec::new();
+            let local: Vec<u32> = r
+                .clone()
+                .map(|i| {
+                    *slot.entry(of[i]).or_insert_with(|| {
+                        first.push(i);
+                        first.len() as u32 - 1
+                    })
+                })
+                .collect();
+            let vi = chunked(&first, &|c| {
+                self.model
+                    .embed_images(&data.images.batch(c, &self.device)?)
+            })?;
+            vis.push(if first.len() < r.len() {
+                vi.index_select(&Tensor::from_vec(local, r.len(), &self.device)?, 0)?
+            } else {
+                vi
+            });
+            let all: Vec<usize> = r.clone().collect();
+            vts.push(chunked(&all, &|c| {
+                self.model.embed_texts(&data.texts.batch(c, &self.device)?)
+            })?);
+        }
+        let cat = |mut parts: Vec<Tensor>| -> Result<Tensor> {
+            match parts.len() {
+                1 => Ok(parts.remove(0)),
+                _ => Tensor::cat(&parts, 0),
+            }
         };
-        let all: Vec<usize> = (0..n).collect();
-        let vt = chunked(&all, &|c| {
-            self.model.embed_texts(&data.texts.batch(c, &self.device)?)
-        })?;
-        Ok((vi, vt))
+        Ok((cat(vis)?, cat(vts)?))
     }
 
     /// Backward pass, global gradient-norm clipping, optimiser step.

@@ -143,6 +143,16 @@ pub trait Pipeline {
         refit: bool,
         obs: &mut dyn Observer,
     ) -> Result<PairScores>;
+    /// [`Pipeline::score`] of pairs cut into `blocks` by the caller, with the
+    /// trained mixture (no refit): a caller streaming a large file scores
+    /// one block at a time ([`crate::scoring::ScoreBlocks::part`]) and gets
+    /// the results that scoring the whole file at once gives those pairs.
+    fn score_blocks(
+        &self,
+        data: &PairInputs,
+        blocks: &crate::scoring::ScoreBlocks,
+        obs: &mut dyn Observer,
+    ) -> Result<PairScores>;
     /// Joint-space embeddings `(images, captions)` of every pair, one entry
     /// per network (co-taught networks are averaged by the caller: at
     /// inference their similarity matrices are averaged). Used for retrieval.

@@ -287,7 +287,18 @@ impl Recon {
         order: Shuffles,
     ) -> Result<Stats> {
         let n = data.len();
-        let all: Vec<usize> = (0..n).collect();
+        // Chunks never span two scoring blocks: a block embeds exactly as
+        // it does scored alone.
+        let chunks: Vec<Vec<usize>> = order
+            .ranges(n)
+            .into_iter()
+            .flat_map(|r| {
+                r.collect::<Vec<usize>>()
+                    .chunks(cfg.batch_size.max(1))
+                    .map(<[usize]>::to_vec)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         let dev = net.device();
         // Embeddings and L_IM belong to one pair each: one pass over the
         // local features; only L_CM and p_i need the shuffled batches. The
@@ -324,7 +335,7 @@ impl Recon {
             Ok((gi.detach(), gt.detach(), im.detach().to_vec1::<f32>()?))
         };
         // Chunks are independent: computed on the thread pool, kept in order.
-        let chunks: Vec<&[usize]> = all.chunks(cfg.batch_size.max(1)).collect();
+        let chunks: Vec<&[usize]> = chunks.iter().map(Vec::as_slice).collect();
         for window in chunks.chunks(PAR_WINDOW) {
             for (gi, gt, im) in par_map(window, chunk_stats)? {
                 vis.push(gi);

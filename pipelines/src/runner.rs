@@ -272,8 +272,52 @@ impl<M: Method> Runner<M> {
         }
     }
 
+    /// Score `data` cut into `blocks`: the trained division, or with
+    /// `refit` one fitted on these pairs.
+    fn score_in(
+        &self,
+        data: &PairInputs,
+        blocks: &ScoreBlocks,
+        refit: bool,
+        obs: &mut dyn Observer,
+    ) -> Result<PairScores> {
+        if obs.cancelled() {
+            return Err(Error::Interrupted);
+        }
+        obs.start("scoring", 1);
+        let stored = match (&self.division, refit) {
+            (_, true) => None,
+            (Some(d), false) => Some(d),
+            (None, false) => return Err(not_fitted()),
+        };
+        self.check_finite_weights()?;
+        let pass = self.pass_in(data, blocks, refit)?;
+        let stat = M::statistic(&pass);
+        let clean_prob = match stored {
+            Some(d) => d.clean_prob(stat),
+            None => {
+                Division::fit(stat, self.cfg.mixture, self.method.clean_side()).clean_prob(stat)
+            }
+        };
+        let mut scores = self.method.scores(pass, clean_prob, &self.cfg);
+        // A pair the model cannot measure (NaN/inf statistic or similarity)
+        // is never called clean.
+        for i in 0..scores.clean_prob.len() {
+            if !(scores.statistic[i].is_finite() && scores.similarity[i].is_finite()) {
+                scores.clean_prob[i] = 0.0;
+                scores.soft_label[i] = 0.0;
+            }
+        }
+        obs.advance(1);
+        obs.finish();
+        Ok(scores)
+    }
+
     fn pass(&self, data: &PairInputs, shards: &[usize], refit: bool) -> Result<M::Pass> {
-        let blocks = ScoreBlocks::new(shards, self.cfg.batch_size);
+        self.pass_in(data, &ScoreBlocks::new(shards, self.cfg.batch_size), refit)
+    }
+
+    fn pass_in(&self, data: &PairInputs, blocks: &ScoreBlocks, refit: bool) -> Result<M::Pass> {
         if blocks.pairs() != data.len() {
             return Err(Error::State(format!(
                 "the shards hold {} pairs, the data {}",
@@ -286,7 +330,7 @@ impl<M: Method> Runner<M> {
             data,
             cfg: &self.cfg,
             streams: &self.streams,
-            blocks: &blocks,
+            blocks,
             refit,
         })
     }
@@ -444,36 +488,17 @@ impl<M: Method> Pipeline for Runner<M> {
         refit: bool,
         obs: &mut dyn Observer,
     ) -> Result<PairScores> {
-        if obs.cancelled() {
-            return Err(Error::Interrupted);
-        }
-        obs.start("scoring", 1);
-        let stored = match (&self.division, refit) {
-            (_, true) => None,
-            (Some(d), false) => Some(d),
-            (None, false) => return Err(not_fitted()),
-        };
-        self.check_finite_weights()?;
-        let pass = self.pass(data, shards, refit)?;
-        let stat = M::statistic(&pass);
-        let clean_prob = match stored {
-            Some(d) => d.clean_prob(stat),
-            None => {
-                Division::fit(stat, self.cfg.mixture, self.method.clean_side()).clean_prob(stat)
-            }
-        };
-        let mut scores = self.method.scores(pass, clean_prob, &self.cfg);
-        // A pair the model cannot measure (NaN/inf statistic or similarity)
-        // is never called clean.
-        for i in 0..scores.clean_prob.len() {
-            if !(scores.statistic[i].is_finite() && scores.similarity[i].is_finite()) {
-                scores.clean_prob[i] = 0.0;
-                scores.soft_label[i] = 0.0;
-            }
-        }
-        obs.advance(1);
-        obs.finish();
-        Ok(scores)
+        let blocks = ScoreBlocks::new(shards, self.cfg.batch_size);
+        self.score_in(data, &blocks, refit, obs)
+    }
+
+    fn score_blocks(
+        &self,
+        data: &PairInputs,
+        blocks: &ScoreBlocks,
+        obs: &mut dyn Observer,
+    ) -> Result<PairScores> {
+        self.score_in(data, blocks, false, obs)
     }
 
     fn embed(&self, data: &PairInputs) -> Result<Vec<(Tensor, Tensor)>> {
@@ -789,5 +814,89 @@ mod tests {
             first(Rng::derive(7, "epoch-2-batches-net0"))
         );
         assert_eq!(first(s.score()), first(Rng::derive(7, "score-shuffles")));
+    }
+
+    /// A shard scored a block at a time ([`ScoreBlocks::part`]) gets, pair
+    /// for pair, the scores of the shard scored whole: what lets `ncclean
+    /// score` stream a file larger than one block.
+    #[test]
+    fn scoring_block_by_block_equals_scoring_the_shard_whole() -> Result<()> {
+        let data = data();
+        let model = crate::test_support::precomputed_model(6, 8, 16);
+        // Two blocks, of 32,772 and 32,771 pairs.
+        let n = crate::scoring::SCORE_BLOCK_PAIRS + 7;
+        let mut rng = Rng::new(11);
+        let img: Vec<f32> = (0..n * 6).map(|_| rng.normal() as f32).collect();
+        let txt: Vec<f32> = (0..n * 6).map(|_| rng.normal() as f32).collect();
+        let big = crate::test_support::embedding_pairs(img.clone(), txt.clone(), 6);
+        for name in ["vanilla", "gsc"] {
+            let info = registry::METHODS
+                .iter()
+                .find(|m| m.name == name)
+                .expect("registered");
+            let mut p = (info.build)(config(name), &model, 5, &Device::Cpu)?;
+            for e in 0..p.total_epochs() {
+                p.run_epoch(e, &data, &mut Silent)?;
+            }
+            p.finalize(&data, &[data.len()], &mut Silent)?;
+            let whole = p.score(&big, &[n], false, &mut Silent)?;
+            let blocks = ScoreBlocks::new(&[n], 8);
+            assert_eq!(blocks.blocks().len(), 2);
+            let mut parts = PairScores::default();
+            for b in blocks.blocks() {
+                let range = b.start * 6..(b.start + b.len) * 6;
+                let piece = crate::test_support::embedding_pairs(
+                    img[range.clone()].to_vec(),
+                    txt[range].to_vec(),
+                    6,
+                );
+                let s = p.score_blocks(&piece, &ScoreBlocks::part(*b), &mut Silent)?;
+                parts.clean_prob.extend(s.clean_prob);
+                parts.soft_label.extend(s.soft_label);
+                parts.statistic.extend(s.statistic);
+                parts.similarity.extend(s.similarity);
+            }
+            for (what, a, b) in [
+                ("similarity", &parts.similarity, &whole.similarity),
+                ("statistic", &parts.statistic, &whole.statistic),
+                ("clean_prob", &parts.clean_prob, &whole.clean_prob),
+                ("soft_label", &parts.soft_label, &whole.soft_label),
+                ("statistic", &parts.statistic, &whole.statistic),
+                ("similarity", &parts.similarity, &whole.similarity),
+            ] {
+                assert_eq!(a.len(), b.len(), "{name} {what}");
+                let differ: Vec<usize> = (0..a.len())
+                    .filter(|&i| a[i].to_bits() != b[i].to_bits())
+                    .collect();
+                assert!(
+                    differ.is_empty(),
+                    "{name} {what}: {} differ, {:?}: {} vs {}",
+                    differ.len(),
+                    differ,
+                    a[differ[0]],
+                    b[differ[0]]
+                );
+            }
+            // The second block alone under index 0 is shuffled differently:
+            // the index is what the part keeps.
+            let b = blocks.blocks()[1];
+            let range = b.start * 6..(b.start + b.len) * 6;
+            let piece = crate::test_support::embedding_pairs(
+                img[range.clone()].to_vec(),
+                txt[range].to_vec(),
+                6,
+            );
+            let wrong = p.score_blocks(
+                &piece,
+                &ScoreBlocks::part(crate::scoring::ScoreBlock { index: 0, ..b }),
+                &mut Silent,
+            )?;
+            assert_ne!(
+                wrong.statistic,
+                whole.statistic[b.start..].to_vec(),
+                "{name}"
+            );
+        }
+        Ok(())
     }
 }

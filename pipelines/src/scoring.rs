@@ -73,6 +73,16 @@ impl ScoreBlocks {
         ScoreBlocks { blocks }
     }
 
+    /// Block `block` of a shard scored on its own: the shard's other blocks
+    /// are elsewhere (a caller streaming a large file scores it a block at
+    /// a time), so the one block starts at pair 0 and keeps its `index`,
+    /// which names its shuffle stream.
+    pub fn part(block: ScoreBlock) -> ScoreBlocks {
+        ScoreBlocks {
+            blocks: vec![ScoreBlock { start: 0, ..block }],
+        }
+    }
+
     /// The blocks in order.
     pub fn blocks(&self) -> &[ScoreBlock] {
         &self.blocks
@@ -91,6 +101,24 @@ pub enum Shuffles<'a> {
     /// Scoring: each block is batched on its own, from
     /// [`Streams::score_block`] of its index.
     Blocks(&'a ScoreBlocks, &'a Streams),
+}
+
+impl Shuffles<'_> {
+    /// The stretches of `n` pairs that are embedded apart: all of them in
+    /// training, each block on its own in scoring. Matrix products can round
+    /// a row differently with the shape of the chunk it is computed in, so a
+    /// block embedded in chunks of its own gets the same bits whether it is
+    /// scored with the rest of its file or alone ([`ScoreBlocks::part`]).
+    pub fn ranges(&self, n: usize) -> Vec<std::ops::Range<usize>> {
+        match self {
+            Shuffles::Global(_) => std::iter::once(0..n).collect(),
+            Shuffles::Blocks(blocks, _) => blocks
+                .blocks()
+                .iter()
+                .map(|b| b.start..b.start + b.len)
+                .collect(),
+        }
+    }
 }
 
 impl<'a> From<&'a mut Rng> for Shuffles<'a> {
@@ -123,7 +151,7 @@ pub fn hinge_pass(
     cfg: &TrainConfig,
     order: Shuffles,
 ) -> Result<StatPass> {
-    let (vi, vt) = net.embed_all(data, EMBED_CHUNK)?;
+    let (vi, vt) = net.embed_ranges(data, &order.ranges(data.len()), EMBED_CHUNK)?;
     Ok(StatPass {
         statistic: hinge_statistic(
             &vi,

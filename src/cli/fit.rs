@@ -82,6 +82,14 @@ pub struct FitArgs {
     /// interrupted run's epoch checkpoint is replaced.
     #[arg(long)]
     pub resume: bool,
+    /// Train on N rows drawn at random from all input files instead of every
+    /// row, for inputs too large to train on whole. The draw is uniform
+    /// without replacement over the rows in input order, seeded by --seed
+    /// (same input, N and seed: same sample); run.json and stats.json record
+    /// it. labels.parquet and filtered.parquet then cover the drawn rows
+    /// only: label every row with `ncclean score --checkpoint DIR`.
+    #[arg(long, value_name = "N")]
+    pub sample: Option<usize>,
     /// Device: auto (CUDA when this build has it and a GPU answers, else the
     /// CPU), cpu, cuda or cuda:N. The choice is said on stderr.
     #[arg(long, default_value = "auto")]
@@ -135,6 +143,11 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     // Every key's range and the method's own parameters, before any input
     // is read (exit 2 naming the key, the value and the allowed range).
     ncclean_pipelines::registry::validate(&a.method, &config)?;
+    if a.sample.is_some_and(|n| n < 2) {
+        return Err(Error::Usage(
+            "--sample must be at least 2 (the number of rows to train on)".into(),
+        ));
+    }
     let mut columns = a.data.options_with(&a.images);
     if a.encoders.text_encoder == Some(TextEncoder::Precomputed) {
         columns.text_embeddings = TextEmbeddings::Require;
@@ -164,6 +177,7 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         force: a.force,
         data_args: a.data.data.clone(),
         rule,
+        sample: a.sample,
     };
     rep.info(&chosen.line);
     let s = engine::fit(&input, &opts, &chosen.device, rep)?;

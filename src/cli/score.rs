@@ -1,19 +1,22 @@
 //! `ncclean score`: label pairs with a trained checkpoint.
 //!
-//! Scoring statistics are local to each input file (see
-//! `ncclean_pipelines::scoring`), so `score` works one file at a time and
-//! holds one file's pairs in memory: into one labels file (`--out`), or into
-//! one labels file per input shard with completion markers (`--out-dir`,
-//! see [`crate::shards`]). Only `--refit`, whose mixture is fitted on every
-//! scored pair, reads the whole input at once.
+//! Scoring statistics are local to blocks of each input file (see
+//! `ncclean_pipelines::scoring`), so `score` streams: one file at a time,
+//! one scoring block of it at a time ([`Engine::score_file`]), each block's
+//! labels appended to the output as it is scored. Memory follows the block
+//! (at most 65,536 pairs), not the file or the input. The output is one
+//! labels file (`--out`), or one labels file per input shard with
+//! completion markers (`--out-dir`, see [`crate::shards`]). Only `--refit`,
+//! whose mixture is fitted on every scored pair, reads the whole input at
+//! once.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
 
-use crate::data::{self, InputSet, LabelsWriter};
-use crate::engine::{keep_mask, Engine, LabelsSummary, Scored};
+use crate::data::{self, InputSet, LabelRow, LabelsWriter};
+use crate::engine::{keep_mask, Engine, LabelsSummary};
 use crate::error::{Error, Result};
 use crate::features::CacheOptions;
 use crate::progress::Reporter;
@@ -91,29 +94,48 @@ pub fn run(a: ScoreArgs, rep: &Reporter) -> Result<()> {
     }
 }
 
-/// Prepare and score one input (one file, or all of them for `--refit`).
-fn score_input(
+/// Counts of scored labels: `pairs` usable ones, `noisy` of them noisy.
+fn counts(labels: &[LabelRow], pairs: usize, noisy: usize) -> Counts {
+    Counts {
+        rows: labels.len(),
+        usable: pairs,
+        skipped: labels.len() - pairs,
+        kept: labels.iter().filter(|l| l.is_clean).count(),
+        noisy,
+    }
+}
+
+/// Score the one file of `input` a block at a time ([`Engine::score_file`]):
+/// each block's labels go to `out` as they come, and which rows are clean
+/// to `keep` (one flag per row of the file) when given. Returns the file's
+/// counts, its tally of the engine's cut and seconds in the model's
+/// scoring pass.
+fn stream_file(
     engine: &Engine,
     input: &InputSet,
     cache: &CacheOptions,
-    refit: bool,
     rep: &Reporter,
-) -> Result<(Scored, usize)> {
-    let prepared = engine.prepare(input, cache, rep)?;
-    let scored = engine.score_rows(input, &prepared, refit, rep)?;
-    Ok((scored, prepared.skipped()))
-}
-
-/// Counts of one scored input.
-fn counts(scored: &Scored, skipped: usize) -> Counts {
-    Counts {
-        rows: scored.labels.len(),
-        usable: scored.pairs,
-        skipped,
-        kept: scored.labels.iter().filter(|l| l.is_clean).count(),
-        // The rate is a count over `pairs`: rounding gives the count back.
-        noisy: (scored.estimated_noise_rate * scored.pairs as f64).round() as usize,
-    }
+    out: &mut LabelsWriter,
+    mut keep: Option<&mut Vec<bool>>,
+) -> Result<(Counts, crate::threshold::Tally, f64)> {
+    let mut total = Counts::default();
+    let mut tally = crate::threshold::Tally::default();
+    let mut seconds = 0.0;
+    engine.score_file(input, cache, rep, |block| {
+        out.write(&block.labels)?;
+        if let Some(keep) = keep.as_deref_mut() {
+            for l in &block.labels {
+                if let Some(slot) = keep.get_mut(l.source_row as usize) {
+                    *slot = l.is_clean;
+                }
+            }
+        }
+        total.add(&counts(&block.labels, block.pairs, block.noisy));
+        tally.merge(&block.tally);
+        seconds += block.seconds;
+        Ok(())
+    })?;
+    Ok((total, tally, seconds))
 }
 
 /// The input as a set of its file `i` alone (same columns and limits).
@@ -135,6 +157,9 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
     crate::rundir::check_not_an_input(out, &files, "--out")?;
     if let Some(f) = &a.filtered {
         crate::rundir::check_not_an_input(f, &files, "--filtered")?;
+        // The filtered file holds every input column: differing shards are
+        // refused before anything is scored.
+        data::check_same_schema(&input)?;
     }
     let cache = a.cache.options();
     // Both outputs are finished under temporary names, then renamed in
@@ -145,25 +170,29 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
     let mut tally = crate::threshold::Tally::default();
     let mut seconds = 0.0;
     let mut keep = Vec::with_capacity(input.files.len());
-    let pieces: Vec<InputSet> = if a.refit {
-        vec![input.clone()]
-    } else {
-        (0..input.files.len()).map(|i| file_of(&input, i)).collect()
-    };
-    for piece in &pieces {
-        let (scored, skipped) = score_input(engine, piece, &cache, a.refit, rep)?;
+    if a.refit {
+        // The refitted mixture needs every pair's statistic at once.
+        let prepared = engine.prepare(&input, &cache, rep)?;
+        let scored = engine.score_rows(&input, &prepared, true, rep)?;
         writer.write(&scored.labels)?;
         if a.filtered.is_some() {
-            keep.extend(keep_mask(piece, &scored.labels)?);
+            keep = keep_mask(&input, &scored.labels)?;
         }
-        let c = counts(&scored, skipped);
-        total.rows += c.rows;
-        total.usable += c.usable;
-        total.skipped += c.skipped;
-        total.kept += c.kept;
-        total.noisy += c.noisy;
+        let noisy = (scored.estimated_noise_rate * scored.pairs as f64).round() as usize;
+        total = counts(&scored.labels, scored.pairs, noisy);
         tally.merge(&scored.tally);
-        seconds += scored.seconds;
+        seconds = scored.seconds;
+    } else {
+        for i in 0..input.files.len() {
+            let piece = file_of(&input, i);
+            let mut file_keep = a.filtered.is_some().then(|| vec![false; piece.num_rows()]);
+            let (c, t, s) =
+                stream_file(engine, &piece, &cache, rep, &mut writer, file_keep.as_mut())?;
+            keep.extend(file_keep);
+            total.add(&c);
+            tally.merge(&t);
+            seconds += s;
+        }
     }
     let cut = engine.cut_over(&tally);
     let noise = cut.estimated_noise_rate;
@@ -240,16 +269,18 @@ fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Res
         |p| InputSet::open(&[p.to_path_buf()], &opts),
         rep,
         |shard| {
-            let (scored, skipped) = score_input(engine, shard.input, &cache, false, rep)?;
+            // Written under a temporary name, renamed in when complete.
+            let mut writer = LabelsWriter::create(&shard.path)?;
+            let (c, t, _) = stream_file(engine, shard.input, &cache, rep, &mut writer, None)?;
             let metadata = engine.metadata(&LabelsSummary {
                 refit: false,
                 input_fingerprint: shard.input.fingerprint()?,
-                rows: scored.labels.len(),
-                skipped,
-                cut: engine.cut_over(&scored.tally),
+                rows: c.rows,
+                skipped: c.skipped,
+                cut: engine.cut_over(&t),
             })?;
-            data::write_labels(&shard.path, &scored.labels, &metadata)?;
-            Ok(counts(&scored, skipped))
+            writer.finish(&metadata)?;
+            Ok(c)
         },
     )?;
     let c = summary.counts;

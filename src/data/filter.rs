@@ -321,29 +321,76 @@ fn check_keep_shape(input: &InputSet, keep: &[Vec<bool>]) -> Result<()> {
 }
 
 /// Fields must match exactly; schema-level metadata may differ per shard
-/// (the first file's is kept).
+/// (the first file's is kept). Cheap (footers only), so commands that write
+/// every input column into one output call it before any other work.
 pub(crate) fn check_same_schema(input: &InputSet) -> Result<()> {
     let first = &input.files[0];
     for f in &input.files[1..] {
-        if f.schema.fields() != first.schema.fields() {
+        let names = (
+            first.path.display().to_string(),
+            f.path.display().to_string(),
+        );
+        if let Some(what) = schema_difference(&first.schema, &f.schema, &names) {
             return Err(invalid(format!(
-                "{}: schema differs from {} ({:?} vs {:?}); files written into one output must have identical columns and types",
-                f.path.display(),
-                first.path.display(),
-                field_summary(&f.schema),
-                field_summary(&first.schema),
+                "{} and {} have different columns: {what}; files written into one output must \
+                 have identical columns and types (rewrite the odd shard, or run it separately)",
+                names.0, names.1,
             )));
         }
     }
     Ok(())
 }
 
-fn field_summary(schema: &arrow_schema::Schema) -> Vec<String> {
-    schema
+/// The first difference between the fields of `a` and `b` (of the files
+/// named `names`), in words.
+fn schema_difference(
+    a: &arrow_schema::Schema,
+    b: &arrow_schema::Schema,
+    names: &(String, String),
+) -> Option<String> {
+    let (na, nb) = names;
+    for f in a.fields() {
+        match b.field_with_name(f.name()) {
+            Err(_) => return Some(format!("column \"{}\" is missing from {nb}", f.name())),
+            Ok(o) if o.data_type() != f.data_type() || o.is_nullable() != f.is_nullable() => {
+                let kind = |x: &arrow_schema::Field| {
+                    let null = if x.is_nullable() { "" } else { " not null" };
+                    format!("{}{null}", x.data_type())
+                };
+                return Some(format!(
+                    "column \"{}\" is {} in {na} but {} in {nb}",
+                    f.name(),
+                    kind(f),
+                    kind(o)
+                ));
+            }
+            Ok(_) => {}
+        }
+    }
+    if let Some(extra) = b
         .fields()
         .iter()
-        .map(|f| format!("{}: {}", f.name(), f.data_type()))
-        .collect()
+        .find(|o| a.field_with_name(o.name()).is_err())
+    {
+        return Some(format!(
+            "column \"{}\" of {nb} is missing from {na}",
+            extra.name()
+        ));
+    }
+    (a.fields() != b.fields()).then(|| {
+        let order = |s: &arrow_schema::Schema| -> String {
+            s.fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "their columns are in another order ({} in {na}, {} in {nb})",
+            order(a),
+            order(b)
+        )
+    })
 }
 
 #[cfg(test)]
@@ -351,6 +398,7 @@ mod tests {
     use std::fs::File;
 
     use arrow_array::{Array, RecordBatch};
+    use arrow_schema::DataType;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
     use super::*;
@@ -440,7 +488,63 @@ mod tests {
         let e =
             write_filtered(&set, &[vec![true], vec![true]], &out, &BTreeMap::new()).unwrap_err();
         assert_eq!(e.exit_code(), 3);
-        assert!(e.to_string().contains("b.parquet: schema differs"), "{e}");
+        let e = e.to_string();
+        assert!(
+            e.contains("a.parquet and ")
+                && e.contains("b.parquet have different columns: column \"emb\" is missing from ")
+                && e.ends_with("or run it separately)"),
+            "{e}"
+        );
+        // Each kind of difference, in words.
+        let names = ("a".to_string(), "b".to_string());
+        let field = |n: &str, t: DataType, null: bool| arrow_schema::Field::new(n, t, null);
+        let schema = |f: Vec<arrow_schema::Field>| arrow_schema::Schema::new(f);
+        let base = schema(vec![
+            field("x", DataType::Utf8, true),
+            field("y", DataType::Int32, true),
+        ]);
+        let cases = [
+            (
+                vec![field("x", DataType::Utf8, true)],
+                "column \"y\" is missing from b",
+            ),
+            (
+                vec![
+                    field("x", DataType::Utf8, true),
+                    field("y", DataType::Int64, true),
+                ],
+                "column \"y\" is Int32 in a but Int64 in b",
+            ),
+            (
+                vec![
+                    field("x", DataType::Utf8, false),
+                    field("y", DataType::Int32, true),
+                ],
+                "column \"x\" is Utf8 in a but Utf8 not null in b",
+            ),
+            (
+                vec![
+                    field("x", DataType::Utf8, true),
+                    field("y", DataType::Int32, true),
+                    field("z", DataType::Int32, true),
+                ],
+                "column \"z\" of b is missing from a",
+            ),
+            (
+                vec![
+                    field("y", DataType::Int32, true),
+                    field("x", DataType::Utf8, true),
+                ],
+                "their columns are in another order (x, y in a, y, x in b)",
+            ),
+        ];
+        for (fields, want) in cases {
+            assert_eq!(
+                schema_difference(&base, &schema(fields), &names).as_deref(),
+                Some(want)
+            );
+        }
+        assert_eq!(schema_difference(&base, &base, &names), None);
         assert!(!out.exists());
     }
 }

@@ -13,6 +13,7 @@ mod labels;
 mod read;
 mod rows;
 mod webdataset;
+mod window;
 mod write;
 
 #[cfg(test)]
@@ -34,6 +35,7 @@ pub use webdataset::{
     schema as tar_schema, write_filtered_tar, write_filtered_tar_shard, CaptionFrom, KeyFrom,
     TarLayout, MAX_TEXT_MEMBER_BYTES,
 };
+pub use window::RowWindows;
 pub use write::{write_atomic, AtomicParquetWriter};
 
 /// Column-layout presets for common dataset formats.

@@ -13,7 +13,7 @@ use ncclean_models::{ImageTowerConfig, TextTowerConfig};
 use ncclean_pipelines::{PairScores, Pipeline};
 
 use super::labels::{config_hash, label_rows};
-use super::prepare::{prepare_for, Prepared};
+use super::prepare::{prepare_for, Prepared, PreparedRun};
 use crate::checkpoint::{self, CheckpointState};
 use crate::data::{ColumnOptions, ImageKind, InputSet, LabelRow, TextEmbeddings};
 use crate::encoders::{ImageEncoder, TextEncoder};
@@ -137,6 +137,32 @@ impl Engine {
         self.record = Some(record);
     }
 
+    /// The trained pipeline.
+    pub(super) fn pipeline(&self) -> &dyn Pipeline {
+        self.pipeline.as_ref()
+    }
+
+    /// The device the pipeline runs on.
+    pub(super) fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Refuse `input` when it is laid out unlike the training data.
+    pub(super) fn check_input(&self, input: &InputSet) -> Result<()> {
+        check_compatible(input, &self.state)
+    }
+
+    /// A scoring failure in words: the model's runtime error, or what is
+    /// wrong with the checkpoint.
+    pub(super) fn scoring_error(&self, e: ncclean_pipelines::Error) -> Error {
+        match e {
+            ncclean_pipelines::Error::Runtime(e) => {
+                Error::Other(anyhow::Error::new(e).context("scoring failed"))
+            }
+            other => pipeline_at(&self.dir, other),
+        }
+    }
+
     /// Read and decode `input` the way this checkpoint's towers expect.
     pub fn prepare(
         &self,
@@ -155,6 +181,12 @@ impl Engine {
             &self.device,
             rep,
         )?;
+        self.check_features(input, &run)?;
+        Ok(run.prepared)
+    }
+
+    /// Refuse prepared inputs whose image features are not the checkpoint's.
+    pub(super) fn check_features(&self, input: &InputSet, run: &PreparedRun) -> Result<()> {
         if run.image != self.state.model.image {
             return Err(invalid(format!(
                 "{}: the image features ({:?}) do not match the checkpoint's ({:?})",
@@ -163,7 +195,7 @@ impl Engine {
                 self.state.model.image
             )));
         }
-        Ok(run.prepared)
+        Ok(())
     }
 
     /// Joint-space similarity matrix `images × captions` of the usable pairs
@@ -251,12 +283,7 @@ impl Engine {
                     refit,
                     &mut obs,
                 )
-                .map_err(|e| match e {
-                    ncclean_pipelines::Error::Runtime(e) => {
-                        Error::Other(anyhow::Error::new(e).context("scoring failed"))
-                    }
-                    other => pipeline_at(&self.dir, other),
-                })?
+                .map_err(|e| self.scoring_error(e))?
         };
         let seconds = started.elapsed().as_secs_f64();
         let labels = label_rows(input, prepared, &scores, self.cut.min_prob);

@@ -13,14 +13,15 @@ use serde::Serialize;
 use super::checkpointed::Engine;
 use super::keep::keep_mask;
 use super::labels::config_hash;
-use super::prepare::prepare_for;
+use super::prepare::{Prepared, Preparer, READ_BATCH_ROWS};
 use crate::checkpoint::{self, CheckpointState};
-use crate::data::{self, InputSet};
+use crate::data::{self, InputSet, LabelRow};
 use crate::encoders::EncoderSpec;
 use crate::error::{invalid, Error, Result};
 use crate::features::CacheOptions;
 use crate::progress::Reporter;
 use crate::rundir::{self, RunDir};
+use crate::sample::{Sample, SampleInfo};
 use crate::signal::{self, MixtureSummary, SignalCheck};
 use crate::threshold::{Cut, Record, Rule};
 
@@ -50,6 +51,9 @@ pub struct FitOptions {
     /// The rule for the clean set (`None`: `clean_prob >=` the
     /// configuration's `threshold`).
     pub rule: Option<Rule>,
+    /// Train on this many rows drawn from the input ([`Sample`]) instead
+    /// of all of them.
+    pub sample: Option<usize>,
 }
 
 /// What `fit` did.
@@ -101,6 +105,9 @@ pub struct FitSummary {
     /// division.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub division: Option<crate::report::DivisionRecord>,
+    /// The rows trained on when `--sample` drew some (labels.parquet and
+    /// filtered.parquet cover those rows only).
+    pub sample: Option<SampleInfo>,
 }
 
 /// Train `opts.method` on `input`, write the run directory and return a summary.
@@ -111,6 +118,9 @@ pub fn fit(
     rep: &Reporter,
 ) -> Result<FitSummary> {
     let cfg = &opts.config;
+    // filtered.parquet holds every input column: shards that differ would
+    // fail only after training, so their footers are compared first.
+    data::check_same_schema(input)?;
     let t0 = Instant::now();
     let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
     let run_dir = RunDir::begin(
@@ -123,16 +133,30 @@ pub fn fit(
     )?;
     let out = run_dir.staging().to_path_buf();
     let want_local = ncclean_pipelines::config::head_for(&opts.method, cfg).local;
-    let run = prepare_for(
-        input,
-        &opts.encoders,
-        cfg,
-        want_local,
-        None,
-        &opts.cache,
-        device,
-        rep,
-    )?;
+    let sample = opts.sample.and_then(|n| Sample::draw(input, n, opts.seed));
+    let preparer = Preparer::new(input, &opts.encoders, cfg, want_local, &opts.cache, device)?;
+    let run = match &sample {
+        None => {
+            if let Some(n) = opts.sample {
+                rep.info(&format!(
+                    "--sample {n} covers all {} input rows: training on all of them",
+                    input.num_rows()
+                ));
+            }
+            preparer.prepare(input.pairs(READ_BATCH_ROWS), input.num_rows(), None, rep)?
+        }
+        Some(s) => {
+            rep.info(&format!(
+                "training on a sample of {} of the {} input rows (seed {}); \
+                 label every row with `ncclean score`",
+                s.len(),
+                input.num_rows(),
+                opts.seed
+            ));
+            preparer.prepare(s.filter(input.pairs(READ_BATCH_ROWS)), s.len(), None, rep)?
+        }
+    };
+    drop(preparer);
     let (prepared, vocab) = (run.prepared, run.vocab);
     let read_seconds = t0.elapsed().as_secs_f64();
     if prepared.ok.len() < 2 {
@@ -168,8 +192,18 @@ pub fn fit(
         pipeline: pipeline.state(),
     };
     let resume_dir = rundir::resume_dir(run_dir.out());
+    // A sample is the training data: another sample is other data.
+    let training_data = match &sample {
+        None => input.fingerprint()?,
+        Some(s) => format!(
+            "{}; sample of {} rows, seed {}",
+            input.fingerprint()?,
+            s.len(),
+            opts.seed
+        ),
+    };
     let mut info = checkpoint::ResumeInfo {
-        input_fingerprint: input.fingerprint()?,
+        input_fingerprint: training_data,
         config_hash: config_hash(cfg),
         epochs: Vec::with_capacity(total),
     };
@@ -289,7 +323,10 @@ pub fn fit(
     })?;
     let labels_path = out.join("labels.parquet");
     data::write_labels(&labels_path, &scored.labels, &metadata)?;
-    let keep = keep_mask(input, &scored.labels)?;
+    let keep = match &sample {
+        None => keep_mask(input, &scored.labels)?,
+        Some(_) => sampled_keep(input, &prepared, &scored.labels),
+    };
     let filtered = data::write_filtered(input, &keep, &out.join("filtered.parquet"), &metadata)?;
 
     let summary = FitSummary {
@@ -312,6 +349,7 @@ pub fn fit(
         filtered_dropped: filtered.dropped,
         threads: crate::threads::current(),
         division: crate::report::DivisionRecord::of(&engine.state.pipeline, &scored.statistic),
+        sample: sample.as_ref().map(Sample::info),
     };
     let stats_json = serde_json::to_vec_pretty(&summary).context("serialising stats")?;
     data::write_atomic(&out.join("stats.json"), &stats_json)?;
@@ -330,6 +368,7 @@ pub fn fit(
         "input_fingerprint": metadata.get("ncclean.input_fingerprint"),
         "checkpoint_sha256": metadata.get("ncclean.checkpoint_sha256"),
         "threshold": cut,
+        "sample": summary.sample,
         "device": format!("{device:?}"),
         "command": std::env::args().collect::<Vec<_>>(),
         rundir::COMPLETE_KEY: true,
@@ -359,6 +398,23 @@ fn signal_check(engine: &Engine, prepared: &super::Prepared) -> Result<Option<Si
     let idx = signal::sample(prepared.ok.len());
     let sim = engine.similarity_matrix(prepared, &idx, &idx)?;
     Ok(SignalCheck::of(&sim, idx.len()))
+}
+
+/// `keep[file][row]` for a fit on a sample: the drawn rows' labels (one
+/// per prepared row, in order) say which are clean; rows not drawn are not
+/// kept.
+fn sampled_keep(input: &InputSet, prepared: &Prepared, labels: &[LabelRow]) -> Vec<Vec<bool>> {
+    let mut keep: Vec<Vec<bool>> = input
+        .files
+        .iter()
+        .map(|f| vec![false; f.num_rows])
+        .collect();
+    for (rec, l) in prepared.rows.iter().zip(labels) {
+        if let Some(slot) = keep.get_mut(rec.file).and_then(|k| k.get_mut(rec.row)) {
+            *slot = l.is_clean;
+        }
+    }
+    keep
 }
 
 /// The error for a stop during epoch `e` (0-based) of `total`, saying what

@@ -4,7 +4,8 @@
 //! - [`prepare`](prepare_for): rows → head inputs, in one pass over the data
 //!   and one image path for every tower;
 //! - [`Engine`]: a trained pipeline rebuilt from its checkpoint, which
-//!   prepares, embeds and scores data;
+//!   prepares, embeds and scores data, a large file a block at a time
+//!   ([`Engine::score_file`]);
 //! - [`fit`]: train a method and write the run directory;
 //! - [`keep_mask`]: which input rows `filtered.parquet` keeps.
 //!
@@ -22,14 +23,16 @@ mod fit;
 mod keep;
 mod labels;
 mod prepare;
+mod stream;
 
 pub use checkpointed::{Engine, LabelsSummary, Scored};
 pub use fit::{fit, FitOptions, FitSummary};
 pub use keep::{keep_mask, keep_mask_by, labels_for_file};
 pub use labels::config_hash;
 pub use prepare::{
-    image_identity, prepare_for, scan, Prepared, PreparedRun, RowRecord, READ_BATCH_ROWS,
+    image_identity, prepare_for, scan, Prepared, PreparedRun, Preparer, RowRecord, READ_BATCH_ROWS,
 };
+pub use stream::BlockLabels;
 
 /// An input set of files `data/train.parquet`, `data/part-1.parquet`, … with
 /// `rows[i]` rows each, for tests that need names and row counts only.

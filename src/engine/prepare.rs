@@ -246,8 +246,13 @@ struct Pass {
 /// `extraction`, other images are decoded for `path`, and with `keep` the
 /// images, and the captions or text embeddings that `text` reads, are
 /// kept. Memory is bounded by one read batch plus what is kept.
+// Each argument is one part of the pass (what to read, how many rows, where
+// images and captions go, what to keep, how to report).
+#[allow(clippy::too_many_arguments)]
 fn read_pass(
     input: &InputSet,
+    batches: impl Iterator<Item = Result<Vec<PairRow>>>,
+    n: usize,
     path: ImagePath,
     text: TextPath,
     mut extraction: Option<&mut Extraction>,
@@ -256,7 +261,6 @@ fn read_pass(
 ) -> Result<Pass> {
     let keep_captions = keep && text == TextPath::Tokens;
     let keep_text_embeddings = keep && matches!(text, TextPath::Column { .. });
-    let n = input.num_rows();
     let mut pass = Pass {
         rows: Vec::with_capacity(n),
         slots: Vec::with_capacity(n),
@@ -267,7 +271,7 @@ fn read_pass(
     };
     let mut obs = rep.observer();
     obs.start("reading", n as u64);
-    for batch in input.pairs(READ_BATCH_ROWS) {
+    for batch in batches {
         let batch = batch?;
         crate::interrupt::check()?;
         if let Some(ex) = extraction.as_deref_mut() {
@@ -348,7 +352,18 @@ pub fn scan(input: &InputSet, rep: &Reporter) -> Result<Vec<RowRecord>> {
         },
         _ => ImagePath::Pixels { size: 8 },
     };
-    Ok(read_pass(input, path, TextPath::Tower, None, false, rep)?.rows)
+    let rows = input.pairs(READ_BATCH_ROWS);
+    Ok(read_pass(
+        input,
+        rows,
+        input.num_rows(),
+        path,
+        TextPath::Tower,
+        None,
+        false,
+        rep,
+    )?
+    .rows)
 }
 
 fn embedding_dim(input: &InputSet) -> Result<usize> {
@@ -375,85 +390,218 @@ pub fn prepare_for(
     device: &Device,
     rep: &Reporter,
 ) -> Result<PreparedRun> {
-    let (itower, ttower) = if enc.uses_towers() {
-        if enc.image == ImageEncoder::DemoCnn {
-            return Err(Error::Usage(
-                "--image-encoder demo-cnn trains from pixels and cannot be combined with a pretrained text tower; \
-                 use mobilenet_v2, clip or precomputed"
-                    .into(),
-            ));
-        }
-        (
-            ImageTower::load(enc, device)?,
-            TextTower::load(enc, device)?,
-        )
-    } else {
-        (None, None)
-    };
-    // Without towers the demo CNN trains on pixels unless the data holds
-    // embeddings; with pretrained towers an image side without a tower must
-    // be an embedding column.
-    let column = match (&itower, input.columns.image_kind) {
-        (Some(_), _) => false,
-        (None, ImageKind::Embedding) => true,
-        (None, _) => enc.uses_towers(),
-    };
-    if want_local && column {
-        return Err(no_local_features(input));
-    }
-    let text = if enc.text == TextEncoder::Precomputed {
-        if want_local {
-            return Err(no_local_text_features(input));
-        }
-        TextPath::Column {
-            dim: text_embedding_dim(input)?,
-        }
-    } else if ttower.is_some() {
-        TextPath::Tower
-    } else {
-        TextPath::Tokens
-    };
-    let path = if itower.is_some() {
-        ImagePath::Tower
-    } else if column {
-        ImagePath::Column {
-            dim: embedding_dim(input)?,
-        }
-    } else {
-        ImagePath::Pixels {
-            size: cfg.image_size,
-        }
-    };
-    let mut extraction = if itower.is_some() || ttower.is_some() {
-        Some(Extraction::new(
-            input,
-            itower.as_ref(),
-            ttower.as_ref(),
-            want_local,
-            cache,
-            device,
-        )?)
-    } else {
-        None
-    };
-    let pass = read_pass(input, path, text, extraction.as_mut(), true, rep)?;
-    let (image_features, text_features) = match extraction {
-        Some(ex) => {
-            let done = ex.finish(rep)?;
-            (done.image, done.text)
-        }
-        None => (None, None),
-    };
-    assemble(pass, path, text, image_features, text_features, vocab, cfg)
+    let p = Preparer::new(input, enc, cfg, want_local, cache, device)?;
+    p.prepare(input.pairs(READ_BATCH_ROWS), input.num_rows(), vocab, rep)
 }
 
-fn text_embedding_dim(input: &InputSet) -> Result<usize> {
-    input.text_embedding_dim.ok_or_else(|| {
-        invalid(format!(
-            "{}: --text-encoder precomputed needs a list<float> text-embedding column; name it with --text-emb-col",
-            input.display_name(0)
-        ))
-    })
+/// How the rows of one input become head inputs for one set of towers
+/// (loaded once): [`prepare_for`] prepares all rows in one pass; a caller
+/// that streams a large file prepares it a stretch of rows at a time.
+pub struct Preparer<'a> {
+    input: &'a InputSet,
+    cfg: &'a TrainConfig,
+    want_local: bool,
+    cache: &'a CacheOptions,
+    device: Device,
+    itower: Option<ImageTower>,
+    ttower: Option<TextTower>,
+    path: ImagePath,
+    text: TextPath,
+}
+
+impl<'a> Preparer<'a> {
+    /// Load the towers of `enc` and choose the image path for `input`
+    /// (see [`prepare_for`] for the arguments).
+    pub fn new(
+        input: &'a InputSet,
+        enc: &EncoderSpec,
+        cfg: &'a TrainConfig,
+        want_local: bool,
+        cache: &'a CacheOptions,
+        device: &Device,
+    ) -> Result<Preparer<'a>> {
+        let (itower, ttower) = if enc.uses_towers() {
+            if enc.image == ImageEncoder::DemoCnn {
+                return Err(Error::Usage(
+                    "--image-encoder demo-cnn trains from pixels and cannot be combined with a pretrained text tower; \
+                     use mobilenet_v2, clip or precomputed"
+                        .into(),
+                ));
+            }
+            (
+                ImageTower::load(enc, device)?,
+                TextTower::load(enc, device)?,
+            )
+        } else {
+            (None, None)
+        };
+        // Without towers the demo CNN trains on pixels unless the data holds
+        // embeddings; with pretrained towers an image side without a tower
+        // must be an embedding column.
+        let column = match (&itower, input.columns.image_kind) {
+            (Some(_), _) => false,
+            (None, ImageKind::Embedding) => true,
+            (None, _) => enc.uses_towers(),
+        };
+        if want_local && column {
+            return Err(no_local_features(input));
+        }
+        let text = if enc.text == TextEncoder::Precomputed {
+            if want_local {
+                return Err(no_local_text_features(input));
+            }
+            TextPath::Column {
+                dim: text_embedding_dim(input)?,
+            }
+        } else if ttower.is_some() {
+            TextPath::Tower
+        } else {
+            TextPath::Tokens
+        };
+        let path = if itower.is_some() {
+            ImagePath::Tower
+        } else if column {
+            ImagePath::Column {
+                dim: embedding_dim(input)?,
+            }
+        } else {
+            ImagePath::Pixels {
+                size: cfg.image_size,
+            }
+        };
+        Ok(Preparer {
+            input,
+            cfg,
+            want_local,
+            cache,
+            device: device.clone(),
+            itower,
+            ttower,
+            path,
+            text,
+        })
+    }
+
+    fn extraction(&self, rows: usize) -> Result<Option<Extraction<'_>>> {
+        if self.itower.is_none() && self.ttower.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Extraction::new(
+            self.input,
+            rows,
+            self.itower.as_ref(),
+            self.ttower.as_ref(),
+            self.want_local,
+            self.cache,
+            &self.device,
+        )?))
+    }
+
+    /// One pass over `batches` (the next `rows` rows of the input, in
+    /// order): frozen towers encode into the feature cache or find their
+    /// features there, and the rows become head inputs.
+    pub fn prepare(
+        &self,
+        batches: impl Iterator<Item = Result<Vec<PairRow>>>,
+        rows: usize,
+        vocab: Option<&Vocab>,
+        rep: &Reporter,
+    ) -> Result<PreparedRun> {
+        let mut extraction = self.extraction(rows)?;
+        let pass = read_pass(
+            self.input,
+            batches,
+            rows,
+            self.path,
+            self.text,
+            extraction.as_mut(),
+            true,
+            rep,
+        )?;
+        let (image_features, text_features) = match extraction {
+            Some(ex) => {
+                let done = ex.finish(rep)?;
+                (done.image, done.text)
+            }
+            None => (None, None),
+        };
+        assemble(
+            pass,
+            self.path,
+            self.text,
+            image_features,
+            text_features,
+            vocab,
+            self.cfg,
+        )
+    }
+
+    /// Which of the `rows` rows of `batches` are usable pairs, as
+    /// [`Preparer::prepare`] would decide, keeping no head inputs: frozen
+    /// towers still encode into the feature cache, so a second pass over
+    /// the same rows finds its features there.
+    pub fn usable(
+        &self,
+        batches: impl Iterator<Item = Result<Vec<PairRow>>>,
+        rows: usize,
+        rep: &Reporter,
+    ) -> Result<Vec<bool>> {
+        let mut extraction = self.extraction(rows)?;
+        let pass = read_pass(
+            self.input,
+            batches,
+            rows,
+            self.path,
+            self.text,
+            extraction.as_mut(),
+            false,
+            rep,
+        )?;
+        let (image, text) = match extraction {
+            Some(ex) => {
+                let done = ex.finish(rep)?;
+                (done.image, done.text)
+            }
+            None => (None, None),
+        };
+        Ok(pass
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(row, rec)| row_error(rec, row, image.as_ref(), text.as_ref()).is_none())
+            .collect())
+    }
+}
+
+/// Why the `row`-th row of a pass is not a usable pair, if it is not: the
+/// reader's or decoder's reason, else the image side's, else the text
+/// side's (the order reasons are reported in).
+fn row_error(
+    rec: &RowRecord,
+    row: usize,
+    image_features: Option<&SideFeatures>,
+    text_features: Option<&SideFeatures>,
+) -> Option<String> {
+    if rec.error.is_some() {
+        return rec.error.clone();
+    }
+    if let Some(f) = image_features {
+        if f.row(row).is_none() {
+            return Some(
+                f.errors
+                    .get(row)
+                    .cloned()
+                    .flatten()
+                    .unwrap_or_else(|| "image could not be encoded".to_string()),
+            );
+        }
+    }
+    if let Some(f) = text_features {
+        if f.row(row).is_none() {
+            return Some("caption could not be encoded".to_string());
+        }
+    }
+    None
 }
 
 /// Turn the pass and the frozen towers' features into head inputs: a row
@@ -488,22 +636,7 @@ fn assemble(
     let mut texts: Vec<f32> = Vec::new();
     let mut ok_captions: Vec<String> = Vec::new();
     for (row, rec) in rows.iter_mut().enumerate() {
-        if let (None, Some(f)) = (&rec.error, &image_features) {
-            if f.row(row).is_none() {
-                rec.error = Some(
-                    f.errors
-                        .get(row)
-                        .cloned()
-                        .flatten()
-                        .unwrap_or_else(|| "image could not be encoded".to_string()),
-                );
-            }
-        }
-        if let (None, Some(f)) = (&rec.error, &text_features) {
-            if f.row(row).is_none() {
-                rec.error = Some("caption could not be encoded".to_string());
-            }
-        }
+        rec.error = row_error(rec, row, image_features.as_ref(), text_features.as_ref());
         if rec.error.is_some() {
             continue;
         }
@@ -636,14 +769,13 @@ fn assemble(
     })
 }
 
-fn no_local_features(input: &InputSet) -> Error {
-    Error::Usage(format!(
-        "{}: the GPO head and the recon method need local features (image regions and caption tokens), \
-         but image column {:?} holds global embeddings only. Train on images with a frozen tower \
-         (--image-encoder mobilenet_v2 or clip) or the demo towers, or use --head mean with another method",
-        input.display_name(0),
-        input.columns.image
-    ))
+fn text_embedding_dim(input: &InputSet) -> Result<usize> {
+    input.text_embedding_dim.ok_or_else(|| {
+        invalid(format!(
+            "{}: --text-encoder precomputed needs a list<float> text-embedding column; name it with --text-emb-col",
+            input.display_name(0)
+        ))
+    })
 }
 
 fn no_local_text_features(input: &InputSet) -> Error {
@@ -653,6 +785,16 @@ fn no_local_text_features(input: &InputSet) -> Error {
          with a frozen tower (--text-encoder minilm or clip) or the demo tower, or use --head mean with another method",
         input.display_name(0),
         input.columns.text_embedding.as_deref().unwrap_or("")
+    ))
+}
+
+fn no_local_features(input: &InputSet) -> Error {
+    Error::Usage(format!(
+        "{}: the GPO head and the recon method need local features (image regions and caption tokens), \
+         but image column {:?} holds global embeddings only. Train on images with a frozen tower \
+         (--image-encoder mobilenet_v2 or clip) or the demo towers, or use --head mean with another method",
+        input.display_name(0),
+        input.columns.image
     ))
 }
 

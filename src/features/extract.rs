@@ -61,7 +61,15 @@ pub fn extract(
     device: &Device,
     rep: &Reporter,
 ) -> Result<Extracted> {
-    let mut ex = Extraction::new(input, image, text, want_local, cache, device)?;
+    let mut ex = Extraction::new(
+        input,
+        input.num_rows(),
+        image,
+        text,
+        want_local,
+        cache,
+        device,
+    )?;
     let mut obs = rep.observer();
     obs.start("encoding", input.num_rows() as u64);
     for batch in input.pairs(READ_ROWS) {
@@ -104,17 +112,18 @@ pub struct Extraction<'a> {
 }
 
 impl<'a> Extraction<'a> {
-    /// An extraction for the rows of `input` through the given towers, with
-    /// local features when `want_local`.
+    /// An extraction for `rows` rows of `input` (all of them, or the part
+    /// of one file a caller streams) through the given towers, with local
+    /// features when `want_local`.
     pub fn new(
         input: &InputSet,
+        rows: usize,
         image: Option<&'a ImageTower>,
         text: Option<&'a TextTower>,
         want_local: bool,
         cache: &CacheOptions,
         device: &Device,
     ) -> Result<Extraction<'a>> {
-        let rows = input.num_rows();
         let root = cache.dir.as_ref();
         let img = match image {
             Some(t) => Some(Side::new(
