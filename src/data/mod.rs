@@ -8,7 +8,9 @@
 mod columns;
 mod filter;
 mod input;
+mod keys;
 mod labels;
+mod npy;
 mod read;
 mod rows;
 mod webdataset;
@@ -23,9 +25,17 @@ use crate::images::ImageLimits;
 
 pub use columns::{image_columns, resolve_columns};
 pub(crate) use filter::check_same_schema;
-pub use filter::{write_filtered, write_filtered_as, FilterSummary, OutputFormat};
+pub use filter::{
+    write_filtered, write_filtered_annotated, write_filtered_as, Annotations, FilterSummary,
+    OutputFormat,
+};
 pub(crate) use input::expand_inputs;
-pub use labels::{read_labels, write_labels, LabelRow, LabelsWriter, RowStatus};
+pub use keys::{for_each_key, positional_key, DuplicateKeys};
+pub use labels::{
+    read_labels, write_labels, LabelRow, LabelsWriter, RowStatus, COLUMNS as LABEL_COLUMNS,
+    LABEL_PREFIX,
+};
+pub use npy::write_uids_npy;
 pub(crate) use rows::{bytes_at, plain, string_at};
 pub use webdataset::{
     schema as tar_schema, write_filtered_tar, write_filtered_tar_shard, CaptionFrom, KeyFrom,

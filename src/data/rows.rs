@@ -68,14 +68,15 @@ pub(crate) fn bytes_at(array: &dyn Array, row: usize) -> Option<&[u8]> {
     }
 }
 
-/// Integer keys are rendered in decimal so they survive as strings.
-fn key_at(array: &dyn Array, row: usize) -> Option<String> {
+/// The value of any integer column, widened so every width fits; `None`
+/// when null or not an integer.
+pub(crate) fn integer_at(array: &dyn Array, row: usize) -> Option<i128> {
     if array.is_null(row) {
         return None;
     }
     macro_rules! int {
         ($t:ty) => {
-            Some(array.as_primitive::<$t>().value(row).to_string())
+            Some(i128::from(array.as_primitive::<$t>().value(row)))
         };
     }
     match array.data_type() {
@@ -87,8 +88,17 @@ fn key_at(array: &dyn Array, row: usize) -> Option<String> {
         DataType::UInt16 => int!(UInt16Type),
         DataType::UInt32 => int!(UInt32Type),
         DataType::UInt64 => int!(UInt64Type),
-        _ => string_at(array, row),
+        _ => None,
     }
+}
+
+/// A key as ncclean writes it: integer keys in decimal, so they survive as
+/// strings; `None` when null. The one rule for every reader of keys (labels
+/// are joined back to data by it).
+pub(crate) fn key_at(array: &dyn Array, row: usize) -> Option<String> {
+    integer_at(array, row)
+        .map(|v| v.to_string())
+        .or_else(|| string_at(array, row))
 }
 
 /// The values of one list entry, whatever list type holds them.

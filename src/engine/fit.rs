@@ -11,7 +11,7 @@ use ncclean_pipelines::{EpochStats, Observer, TrainConfig};
 use serde::Serialize;
 
 use super::checkpointed::Engine;
-use super::keep::keep_mask;
+use super::keep::join_by_position;
 use super::labels::config_hash;
 use super::prepare::prepare_for;
 use crate::checkpoint::{self, CheckpointState};
@@ -112,6 +112,17 @@ pub fn fit(
     )?;
     let (prepared, vocab) = (run.prepared, run.vocab);
     let read_seconds = t0.elapsed().as_secs_f64();
+    // Labels are joined back to the data by key (`filter`): a run on keys
+    // that repeat would write labels nothing can use.
+    let dups = data::DuplicateKeys::of(prepared.rows.iter().map(|r| r.key.as_str()));
+    if dups.repeats > 0 {
+        return Err(invalid(format!(
+            "{}: labels could not be joined back to these rows by key. Name a column with a unique value per row \
+             (--key-col), or leave the data without a key column so rows are keyed <file stem>:<row>; \
+             `ncclean inspect` reports duplicates",
+            dups.sentence()
+        )));
+    }
     if prepared.ok.len() < 2 {
         return Err(invalid(format!(
             "{}: only {} usable pair(s) out of {} rows; fit needs at least 2 (see the reasons with `ncclean inspect`)",
@@ -236,12 +247,17 @@ pub fn fit(
     let scored = engine.score(input, &prepared, false, rep)?;
     let labels_path = out.join("labels.parquet");
     data::write_labels(&labels_path, &scored.labels, &scored.metadata)?;
-    let keep = keep_mask(input, &scored.labels)?;
-    let filtered = data::write_filtered(
+    let joined = join_by_position(input, &scored.labels, |l| l.is_clean)?;
+    let filtered = data::write_filtered_annotated(
         input,
-        &keep,
+        &joined.keep,
         &out.join("filtered.parquet"),
         &scored.metadata,
+        Some(data::Annotations {
+            labels: &scored.labels,
+            label_of: &joined.label_of,
+            decision: None,
+        }),
     )?;
 
     let clean = scored.labels.iter().filter(|l| l.is_clean).count();
