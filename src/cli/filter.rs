@@ -24,8 +24,11 @@ pub struct FilterArgs {
     /// <shard stem>.parquet for every input shard.
     #[arg(long, value_name = "FILE|DIR")]
     pub labels: PathBuf,
-    /// Output file: the kept rows, all original columns unchanged (for tar
-    /// input, a tar of the kept samples' members; see --format).
+    /// Output file: the kept rows, all original columns unchanged, then
+    /// their ncclean_clean_prob and ncclean_soft_label (for tar input, a tar
+    /// of the kept samples' members; see --format). Labels are joined to
+    /// the rows by key, so reordered or resharded copies of the data filter
+    /// to the same rows.
     #[arg(long, value_name = "FILE", required_unless_present = "out_dir")]
     pub out: Option<PathBuf>,
     /// Write one filtered shard per input shard, DIR/<shard stem>.parquet
