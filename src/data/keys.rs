@@ -196,7 +196,7 @@ mod tests {
                 ),
             ],
         );
-        let set = InputSet::open(&[p.clone()], &ColumnOptions::default()).unwrap();
+        let set = InputSet::open(std::slice::from_ref(&p), &ColumnOptions::default()).unwrap();
         assert_eq!(
             collect(&set, 0),
             vec![Some("-7".to_string()), Some("12".to_string())]
@@ -209,7 +209,7 @@ mod tests {
                 ("caption", strings(&[Some("a")])),
             ],
         );
-        let set = InputSet::open(&[q.clone()], &ColumnOptions::default()).unwrap();
+        let set = InputSet::open(std::slice::from_ref(&q), &ColumnOptions::default()).unwrap();
         assert_eq!(collect(&set, 0), vec![None]);
         assert_eq!(positional_key(&q, 3), "y:3");
     }

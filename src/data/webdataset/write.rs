@@ -161,18 +161,21 @@ fn mask_mismatch(shard: &Path, mask: usize, samples: usize) -> crate::Error {
     ))
 }
 
+/// Turns kept rows into the output's batch (see [`write_filtered_parquet`]).
+pub(crate) type Shape<'a> = dyn Fn(&RecordBatch, usize, &[usize]) -> Result<RecordBatch> + 'a;
+
 /// Write the kept samples of tar input as parquet rows of
-/// [`super::schema`]: key, image bytes, caption and the `.json` text.
+/// [`super::schema`]: key, image bytes, caption and the `.json` text, shaped
+/// by `shape(batch, file, rows)` (the kept rows `rows` of input file `file`)
+/// into `out_schema` (label columns added).
 /// Kept samples whose image or caption cannot be read (they were usable
 /// when scored, so the shard changed) are left out and counted as dropped.
-/// `shape(batch, file, rows)` turns the kept rows `rows` of a batch of
-/// [`schema`] into a batch of `out_schema` (label columns added).
 pub(crate) fn write_filtered_parquet(
     input: &InputSet,
     keep: &[Vec<bool>],
     out: &Path,
     metadata: &BTreeMap<String, String>,
-    shape: &dyn Fn(&RecordBatch, usize, &[usize]) -> Result<RecordBatch>,
+    shape: &Shape<'_>,
     out_schema: arrow_schema::SchemaRef,
 ) -> Result<FilterSummary> {
     let mut writer = AtomicParquetWriter::create(out, out_schema, metadata)?;
