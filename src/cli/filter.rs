@@ -203,6 +203,18 @@ fn write_joined(
     Ok((s, joined))
 }
 
+/// `--all-rows` needs parquet output: a tar has no place for the label
+/// columns.
+fn check_all_rows(a: &FilterArgs, format: data::OutputFormat, out: &Path) -> Result<()> {
+    if a.all_rows && format == data::OutputFormat::Tar {
+        return Err(Error::Usage(format!(
+            "{}: --all-rows writes parquet (a tar has no place for the label columns); add --format parquet",
+            out.display()
+        )));
+    }
+    Ok(())
+}
+
 /// The kept rows' keys as a DataComp subset file.
 fn write_uids(
     path: &Path,
@@ -225,11 +237,7 @@ fn run_one(a: &FilterArgs, out: &Path, rep: &Reporter) -> Result<()> {
     a.shards.check_unused()?;
     let input = a.data.open()?;
     let format = data::OutputFormat::choose(&input, out, a.format);
-    if a.all_rows && format == data::OutputFormat::Tar {
-        return Err(Error::Usage(
-            "--all-rows writes parquet (a tar has no place for the label columns); use --format parquet or an --out ending in .parquet".into(),
-        ));
-    }
+    check_all_rows(a, format, out)?;
     let (labels, labels_meta) = data::read_labels(&a.labels)?;
     let rule = rule_of(a, || {
         Ok(labels.iter().filter_map(|l| l.clean_prob).collect())
@@ -288,10 +296,8 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
             a.labels.clone()
         }
     };
-    if a.all_rows && a.format == Some(data::OutputFormat::Tar) {
-        return Err(Error::Usage(
-            "--all-rows writes parquet (a tar has no place for the label columns); use --format parquet".into(),
-        ));
+    if let Some(f) = a.format {
+        check_all_rows(a, f, dir)?;
     }
     // One labels file is read and indexed once; per-shard labels as each
     // shard comes.
@@ -343,12 +349,7 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         |shard| {
             let labels_path = labels_of(&shard.shard.stem);
             let format = shard_format(a.format, &shard.shard.path);
-            if a.all_rows && format == data::OutputFormat::Tar {
-                return Err(Error::Usage(format!(
-                    "{}: --all-rows writes parquet (a tar has no place for the label columns); add --format parquet",
-                    shard.shard.path.display()
-                )));
-            }
+            check_all_rows(a, format, &shard.path)?;
             let (s, _) = match &single_index {
                 Some(index) => {
                     // The labels' fingerprint covers every shard together.
