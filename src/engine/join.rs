@@ -1,6 +1,15 @@
 //! Labels joined back to the data by key: which rows `filter` keeps, and
 //! which label each row carries, whatever the files' names, order or
 //! sharding.
+//!
+//! The join is a hash map of the labels' keys probed by the data's keys,
+//! read on their own; the rows themselves are then streamed by the
+//! arrow-rs writer that already reads around damaged row groups, invalid
+//! UTF-8 and tar shards. Polars was weighed for this (lazy scan, join,
+//! streaming sink) and not taken: it talks to arrow-rs only through the C
+//! data interface, so those readers would be duplicated or bypassed, and
+//! it costs minutes of cold build and megabytes of binary for what one
+//! hash map does here.
 
 use std::collections::HashMap;
 
