@@ -395,6 +395,15 @@ fn all_rows_carry_namespaced_labels_and_the_decision() {
         .column_by_name("ncclean_clean_prob")
         .unwrap()
         .is_null(r7));
+    // A tar has no place for the label columns.
+    let res = filter(
+        &[p(&files[0]), p(&files[1])],
+        &labels,
+        &tmp.path().join("all.tar"),
+        &["--all-rows", "--format", "tar"],
+    );
+    assert_eq!(res.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&res.stderr).contains("--all-rows writes parquet"));
 }
 
 /// Issue #14 items 1 and 9: duplicate keys in labels or data, and rows
