@@ -70,10 +70,10 @@ import json, sys
 import numpy as np
 import pyarrow.parquet as pq
 m, train, run = sys.argv[1:]
-labels = pq.read_table(f"{run}/labels.parquet", columns=["source_row", "clean_prob", "status"])
-ok = np.array([s == "ok" for s in labels.column("status").to_pylist()])
-p = np.array(labels.column("clean_prob").to_pylist(), dtype=object)[ok].astype(float)
-rows = np.array(labels.column("source_row").to_pylist())[ok]
+labels = pq.read_table(f"{run}/labels.parquet", columns=["ncclean_source_row", "ncclean_clean_prob", "ncclean_status"])
+ok = np.array([s == "ok" for s in labels.column("ncclean_status").to_pylist()])
+p = np.array(labels.column("ncclean_clean_prob").to_pylist(), dtype=object)[ok].astype(float)
+rows = np.array(labels.column("ncclean_source_row").to_pylist())[ok]
 cols = pq.read_schema(train).names
 noisy = (np.array(pq.read_table(train, columns=["noisy"]).column("noisy").to_pylist(), dtype=bool)[rows]
          if "noisy" in cols else np.zeros(len(p), dtype=bool))

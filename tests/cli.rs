@@ -128,7 +128,8 @@ fn demo_corrupt_fit_eval_score_filter_end_to_end() {
         );
     }
 
-    // Filtered output: exactly the is_clean rows, all original columns.
+    // Filtered output: exactly the is_clean rows, all original columns,
+    // then each row's clean_prob and soft_label.
     let clean: Vec<&LabelRow> = fit_labels.iter().filter(|l| l.is_clean).collect();
     assert_eq!(count_rows(&run.join("filtered.parquet")), clean.len());
     let kept_keys = string_column(&run.join("filtered.parquet"), "key");
@@ -137,11 +138,28 @@ fn demo_corrupt_fit_eval_score_filter_end_to_end() {
         clean.iter().map(|l| l.key.clone()).collect::<Vec<_>>()
     );
     let schema_in = read_rows(&noisy)[0].schema();
+    let filtered = read_rows(&run.join("filtered.parquet"));
+    let fields = filtered[0].schema().fields().clone();
+    let n = schema_in.fields().len();
+    assert_eq!(fields[..n], schema_in.fields()[..]);
+    let extra: Vec<&str> = fields[n..].iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(extra, ["ncclean_clean_prob", "ncclean_soft_label"]);
+    let probs: Vec<Option<f32>> = filtered
+        .iter()
+        .flat_map(|b| {
+            let c = b
+                .column_by_name("ncclean_clean_prob")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<arrow_array::Float32Array>()
+                .unwrap()
+                .clone();
+            c.iter().collect::<Vec<_>>()
+        })
+        .collect();
     assert_eq!(
-        read_rows(&run.join("filtered.parquet"))[0]
-            .schema()
-            .fields(),
-        schema_in.fields()
+        probs,
+        clean.iter().map(|l| l.clean_prob).collect::<Vec<_>>()
     );
 
     // `filter` with a keep fraction keeps that fraction of the rows.

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use crate::data;
-use crate::engine::{keep_mask_by, labels_for_file};
+use crate::engine::{FingerprintCheck, LabelIndex};
 use crate::error::{Error, Result};
 use crate::progress::Reporter;
 
@@ -25,8 +25,11 @@ pub struct FilterArgs {
     /// <shard stem>.parquet for every input shard.
     #[arg(long, value_name = "FILE|DIR")]
     pub labels: PathBuf,
-    /// Output file: the kept rows, all original columns unchanged (for tar
-    /// input, a tar of the kept samples' members; see --format).
+    /// Output file: the kept rows, all original columns unchanged, then
+    /// their ncclean_clean_prob and ncclean_soft_label (for tar input, a tar
+    /// of the kept samples' members; see --format). Labels are joined to
+    /// the rows by key, so reordered or resharded copies of the data filter
+    /// to the same rows.
     #[arg(long, value_name = "FILE", required_unless_present = "out_dir")]
     pub out: Option<PathBuf>,
     /// Write one filtered shard per input shard, DIR/<shard stem>.parquet
@@ -44,6 +47,18 @@ pub struct FilterArgs {
     /// resolved on every label read (all shards' with --out-dir).
     #[command(flatten)]
     pub threshold: ThresholdArgs,
+    /// Write every input row, not only the kept ones, with the labels
+    /// joined: ncclean_keep (the rule's decision), ncclean_status and
+    /// ncclean_error beside ncclean_clean_prob and ncclean_soft_label
+    /// (parquet output only).
+    #[arg(long)]
+    pub all_rows: bool,
+    /// Also write the kept rows' keys as a DataComp subset file: a .npy
+    /// array of dtype u8,u8 holding the sorted 128-bit uids, for DataComp's
+    /// resharder (--subset-file). Keys must be DataComp uids (32 hex
+    /// digits; --key-col uid).
+    #[arg(long, value_name = "FILE.npy", conflicts_with = "out_dir")]
+    pub uids_out: Option<PathBuf>,
 }
 
 /// The rule that decides which rows are kept.
@@ -105,17 +120,106 @@ fn filter_metadata(labels: &Path, rule: Rule) -> BTreeMap<String, String> {
     meta
 }
 
+/// Join `index` to `input` by key under `check`, and write the filtered
+/// output (kept rows, or every row with `--all-rows`) with the label
+/// columns added.
+#[allow(clippy::too_many_arguments)]
+fn write_joined(
+    a: &FilterArgs,
+    input: &data::InputSet,
+    index: &LabelIndex<'_>,
+    check: &FingerprintCheck,
+    rule: Rule,
+    out: &Path,
+    format: data::OutputFormat,
+    labels_path: &Path,
+    one_output: bool,
+) -> Result<(data::FilterSummary, crate::engine::Joined)> {
+    let joined = index.join(input, check.positional(), |l| keeps(rule, l))?;
+    // One labels file serves many shards in --out-dir mode: there, keys of
+    // other shards are expected.
+    if joined.unmatched > 0 && one_output {
+        crate::progress::warn_once(&format!(
+            "{} labelled keys are not in this input (e.g. {}); the labels cover more data than was given",
+            joined.unmatched,
+            joined
+                .unmatched_examples
+                .iter()
+                .map(|k| format!("\"{k}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let mut meta = filter_metadata(labels_path, rule);
+    meta.insert(
+        "ncclean.filter.fingerprint".to_string(),
+        check.tag().to_string(),
+    );
+    let all: Vec<Vec<bool>>;
+    let (mask, decision) = if a.all_rows {
+        all = joined.keep.iter().map(|k| vec![true; k.len()]).collect();
+        (&all, Some(joined.keep.as_slice()))
+    } else {
+        (&joined.keep, None)
+    };
+    let ann = data::Annotations {
+        labels: index.labels(),
+        label_of: &joined.label_of,
+        decision,
+    };
+    let s = data::write_filtered_as(input, mask, out, &meta, format, Some(ann))?;
+    Ok((s, joined))
+}
+
+/// `--all-rows` needs parquet output: a tar has no place for the label
+/// columns.
+fn check_all_rows(a: &FilterArgs, format: data::OutputFormat, out: &Path) -> Result<()> {
+    if a.all_rows && format == data::OutputFormat::Tar {
+        return Err(Error::Usage(format!(
+            "{}: --all-rows writes parquet (a tar has no place for the label columns); add --format parquet",
+            out.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The kept rows' keys as a DataComp subset file.
+fn write_uids(
+    path: &Path,
+    index: &LabelIndex<'_>,
+    joined: &crate::engine::Joined,
+) -> Result<usize> {
+    let labels = index.labels();
+    let uids: Vec<String> = joined
+        .keep
+        .iter()
+        .zip(&joined.label_of)
+        .flat_map(|(k, of)| k.iter().zip(of))
+        .filter(|(k, _)| **k)
+        .filter_map(|(_, &i)| labels.get(i as usize).map(|l| l.key.clone()))
+        .collect();
+    data::write_uids_npy(path, &uids)
+}
+
 fn run_one(a: &FilterArgs, out: &Path, rep: &Reporter) -> Result<()> {
     a.shards.check_unused()?;
     let input = a.data.open()?;
-    let (labels, _) = data::read_labels(&a.labels)?;
+    let format = data::OutputFormat::choose(&input, out, a.format);
+    check_all_rows(a, format, out)?;
+    let (labels, labels_meta) = data::read_labels(&a.labels)?;
     let rule = rule_of(a, || {
         Ok(labels.iter().filter_map(|l| l.clean_prob).collect())
     })?;
-    let keep = keep_mask_by(&input, &labels, |l| keeps(rule, l))?;
-    let meta = filter_metadata(&a.labels, rule);
-    let format = data::OutputFormat::choose(&input, out, a.format);
-    let s = data::write_filtered_as(&input, &keep, out, &meta, format)?;
+    let index = LabelIndex::new(&labels)?;
+    let check = FingerprintCheck::of(&input, &labels_meta)?;
+    rep.info(&check.to_string());
+    let (s, joined) = write_joined(
+        a, &input, &index, &check, rule, out, format, &a.labels, true,
+    )?;
+    if let Some(path) = &a.uids_out {
+        let n = write_uids(path, &index, &joined)?;
+        rep.info(&format!("wrote {n} uids to {}", path.display()));
+    }
     rep.info(&format!(
         "kept {} of {} rows ({rule})",
         s.rows_out, s.rows_in
@@ -160,12 +264,17 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
             a.labels.clone()
         }
     };
-    // One labels file is read once; per-shard labels as each shard comes.
+    if let Some(f) = a.format {
+        check_all_rows(a, f, dir)?;
+    }
+    // One labels file is read and indexed once; per-shard labels as each
+    // shard comes.
     let single = if per_shard {
         None
     } else {
         Some(data::read_labels(&a.labels)?.0)
     };
+    let single_index = single.as_deref().map(LabelIndex::new).transpose()?;
     // A rule's cut is over every shard's labels (not only this worker's),
     // so all workers apply the same cut.
     let rule = rule_of(a, || match &single {
@@ -207,21 +316,49 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         rep,
         |shard| {
             let labels_path = labels_of(&shard.shard.stem);
-            let owned;
-            let labels = match &single {
-                Some(l) => {
-                    owned = labels_for_file(l, &shard.shard.path);
-                    &owned
+            let format = shard_format(a.format, &shard.shard.path);
+            check_all_rows(a, format, &shard.path)?;
+            let (s, _) = match &single_index {
+                Some(index) => {
+                    // The labels' fingerprint covers every shard together.
+                    let check = FingerprintCheck::Unknown(
+                        "one labels file for many shards carries the fingerprint of them all together, not of one shard".into(),
+                    );
+                    write_joined(
+                        a,
+                        shard.input,
+                        index,
+                        &check,
+                        rule,
+                        &shard.path,
+                        format,
+                        &labels_path,
+                        false,
+                    )?
                 }
                 None => {
-                    owned = data::read_labels(&labels_path)?.0;
-                    &owned
+                    let (labels, meta) = data::read_labels(&labels_path)?;
+                    let index = LabelIndex::new(&labels)?;
+                    let check = FingerprintCheck::of(shard.input, &meta)?;
+                    if check != FingerprintCheck::Same {
+                        crate::progress::warn_once(&format!(
+                            "{}: {check}",
+                            shard.shard.path.display()
+                        ));
+                    }
+                    write_joined(
+                        a,
+                        shard.input,
+                        &index,
+                        &check,
+                        rule,
+                        &shard.path,
+                        format,
+                        &labels_path,
+                        true,
+                    )?
                 }
             };
-            let keep = keep_mask_by(shard.input, labels, |l| keeps(rule, l))?;
-            let meta = filter_metadata(&labels_path, rule);
-            let format = shard_format(a.format, &shard.shard.path);
-            let s = data::write_filtered_as(shard.input, &keep, &shard.path, &meta, format)?;
             Ok(crate::shards::Counts {
                 rows: s.rows_in,
                 usable: s.rows_in,

@@ -35,6 +35,8 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     let mut unusable = 0usize;
     let mut examples: Vec<(String, String)> = Vec::new();
+    // Every key, to find duplicates: labels are joined back by key.
+    let mut keys: Vec<String> = Vec::with_capacity(input.num_rows());
     let mut note = |key: &str, why: &str| {
         unusable += 1;
         // Group reasons by their first clause so counts stay readable (a
@@ -57,6 +59,7 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
                 if let Some(p) = &r.problem {
                     note(&r.key, p);
                 }
+                keys.push(r.key);
             }
         }
     } else {
@@ -64,6 +67,7 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
             if let Some(e) = &r.error {
                 note(&r.key, e);
             }
+            keys.push(r.key);
         }
     }
     let files: Vec<serde_json::Value> = input
@@ -79,6 +83,7 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
         .map(|f| format!("{}: {}", f.name(), f.data_type()))
         .collect();
     let total = input.num_rows();
+    let dups = crate::data::DuplicateKeys::of(keys.iter().map(String::as_str));
     if a.json {
         let v = serde_json::json!({
             "files": files,
@@ -92,6 +97,9 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
             "unusable": unusable,
             "unusable_reasons": reasons,
             "images_decoded": !a.no_decode,
+            "duplicate_keys": dups.repeats,
+            "distinct_keys": dups.distinct,
+            "duplicate_key_examples": dups.examples,
         });
         println!("{v}");
         return Ok(());
@@ -138,6 +146,14 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
         for (k, why) in &examples {
             println!("  {k}: {why}");
         }
+    }
+    if dups.repeats > 0 {
+        println!(
+            "duplicate keys: {}; labels cannot be joined back to these rows (fit refuses them): give a unique key column with --key-col",
+            dups.sentence()
+        );
+    } else {
+        println!("keys: all {} unique", dups.distinct);
     }
     if a.no_decode {
         println!("(images were not decoded: run without --no-decode to find undecodable images)");

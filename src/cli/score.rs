@@ -211,7 +211,7 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
         let pending = crate::temp::Pending::new(f)?;
         let format = data::OutputFormat::choose(&input, f, None);
         let written =
-            data::write_filtered_as(&input, &keep, pending.tmp_path(), &metadata, format)?;
+            data::write_filtered_as(&input, &keep, pending.tmp_path(), &metadata, format, None)?;
         filtered_rows = Some(written.rows_out);
         filtered_check = written.check(f);
         filtered_out = Some(pending);

@@ -7,13 +7,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Context;
-use arrow_array::{BooleanArray, RecordBatch};
-use arrow_schema::SchemaRef;
+use arrow_array::{ArrayRef, BooleanArray, Float32Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
 use super::input::row_span;
 use super::read::{restore_batch, Damage, FileReader, Piece, Restored};
 use super::write::AtomicParquetWriter;
-use super::InputSet;
+use super::{InputSet, LabelRow};
 use crate::error::{invalid, Error, Result};
 
 /// Rows read per batch; small because rows may carry full images.
@@ -83,17 +83,120 @@ impl OutputFormat {
     }
 }
 
+/// Label columns added to every row a filtered parquet file holds, so the
+/// output says why each row is there: `ncclean_clean_prob` and
+/// `ncclean_soft_label`, and with `decision` (every row written) also
+/// `ncclean_keep`, `ncclean_status` and `ncclean_error`. A source column of
+/// the same name (a file filtered before) is replaced.
+#[derive(Debug, Clone, Copy)]
+pub struct Annotations<'a> {
+    /// The labels.
+    pub labels: &'a [LabelRow],
+    /// `label_of[file][row]`: the index of each input row's label
+    /// (`u32::MAX`: none, written as nulls).
+    pub label_of: &'a [Vec<u32>],
+    /// The rule's decision per input row, when every row is written.
+    pub decision: Option<&'a [Vec<bool>]>,
+}
+
+impl Annotations<'_> {
+    fn fields(&self) -> Vec<Field> {
+        let mut f = vec![
+            Field::new("ncclean_clean_prob", DataType::Float32, true),
+            Field::new("ncclean_soft_label", DataType::Float32, true),
+        ];
+        if self.decision.is_some() {
+            f.push(Field::new("ncclean_keep", DataType::Boolean, false));
+            f.push(Field::new("ncclean_status", DataType::Utf8, true));
+            f.push(Field::new("ncclean_error", DataType::Utf8, true));
+        }
+        f
+    }
+
+    /// The annotation columns for rows `rows` of input file `file`.
+    fn columns(&self, file: usize, rows: &[usize]) -> Vec<ArrayRef> {
+        let of = self.label_of.get(file);
+        let label = |r: usize| {
+            of.and_then(|o| o.get(r))
+                .and_then(|&i| self.labels.get(i as usize))
+        };
+        let mut c: Vec<ArrayRef> = vec![
+            Arc::new(Float32Array::from_iter(
+                rows.iter().map(|&r| label(r).and_then(|l| l.clean_prob)),
+            )),
+            Arc::new(Float32Array::from_iter(
+                rows.iter().map(|&r| label(r).and_then(|l| l.soft_label)),
+            )),
+        ];
+        if let Some(d) = self.decision {
+            let d = d.get(file);
+            c.push(Arc::new(BooleanArray::from_iter(rows.iter().map(|&r| {
+                Some(d.and_then(|d| d.get(r)).copied().unwrap_or(false))
+            }))));
+            c.push(Arc::new(StringArray::from_iter(
+                rows.iter().map(|&r| label(r).map(|l| l.status.as_str())),
+            )));
+            c.push(Arc::new(StringArray::from_iter(
+                rows.iter()
+                    .map(|&r| label(r).and_then(|l| l.error.as_deref())),
+            )));
+        }
+        c
+    }
+}
+
+/// The output's shape: which source columns go through, and the schema.
+struct Layout<'a> {
+    schema: SchemaRef,
+    /// Indices of the source columns written (all but those an annotation
+    /// replaces).
+    source: Vec<usize>,
+    ann: Option<Annotations<'a>>,
+}
+
+impl<'a> Layout<'a> {
+    fn new(source: &SchemaRef, ann: Option<Annotations<'a>>) -> Layout<'a> {
+        let extra = ann.map(|a| a.fields()).unwrap_or_default();
+        let cols: Vec<usize> = (0..source.fields().len())
+            .filter(|&i| !extra.iter().any(|e| e.name() == source.field(i).name()))
+            .collect();
+        let mut fields: Vec<Field> = cols.iter().map(|&i| source.field(i).clone()).collect();
+        fields.extend(extra);
+        let schema = Arc::new(Schema::new_with_metadata(fields, source.metadata().clone()));
+        Layout {
+            schema,
+            source: cols,
+            ann,
+        }
+    }
+
+    /// `batch` (the kept rows `rows` of file `file`) in the output's shape.
+    fn batch(&self, batch: &RecordBatch, file: usize, rows: &[usize]) -> Result<RecordBatch> {
+        let mut columns: Vec<ArrayRef> = self
+            .source
+            .iter()
+            .map(|&i| batch.column(i).clone())
+            .collect();
+        if let Some(a) = &self.ann {
+            columns.extend(a.columns(file, rows));
+        }
+        Ok(RecordBatch::try_new(self.schema.clone(), columns)
+            .context("adding the label columns")?)
+    }
+}
+
 /// [`write_filtered`] or [`super::write_filtered_tar`], as `format` says
-/// (`metadata` only goes into parquet footers).
+/// (`metadata` and `ann` only go into parquet output).
 pub fn write_filtered_as(
     input: &InputSet,
     keep: &[Vec<bool>],
     out: &Path,
     metadata: &BTreeMap<String, String>,
     format: OutputFormat,
+    ann: Option<Annotations<'_>>,
 ) -> Result<FilterSummary> {
     match format {
-        OutputFormat::Parquet => write_filtered(input, keep, out, metadata),
+        OutputFormat::Parquet => write_filtered_annotated(input, keep, out, metadata, ann),
         OutputFormat::Tar => {
             check_keep_shape(input, keep)?;
             super::write_filtered_tar(input, keep, out)
@@ -118,17 +221,37 @@ pub fn write_filtered(
     out: &Path,
     metadata: &BTreeMap<String, String>,
 ) -> Result<FilterSummary> {
+    write_filtered_annotated(input, keep, out, metadata, None)
+}
+
+/// [`write_filtered`] with the label columns of `ann` added to each row.
+pub fn write_filtered_annotated(
+    input: &InputSet,
+    keep: &[Vec<bool>],
+    out: &Path,
+    metadata: &BTreeMap<String, String>,
+    ann: Option<Annotations<'_>>,
+) -> Result<FilterSummary> {
     check_keep_shape(input, keep)?;
     if input
         .files
         .iter()
         .any(|f| matches!(f.format, super::FileFormat::Webdataset(_)))
     {
-        return super::webdataset::write_filtered_parquet(input, keep, out, metadata);
+        let layout = Layout::new(&super::webdataset::schema(), ann);
+        return super::webdataset::write_filtered_parquet(
+            input,
+            keep,
+            out,
+            metadata,
+            &|b, f, r| layout.batch(b, f, r),
+            layout.schema.clone(),
+        );
     }
     check_same_schema(input)?;
-    let schema = input.files[0].schema.clone();
-    let mut writer = AtomicParquetWriter::create(out, schema.clone(), metadata)?;
+    let layout = Layout::new(&input.files[0].schema, ann);
+    let schema = &layout;
+    let mut writer = AtomicParquetWriter::create(out, layout.schema.clone(), metadata)?;
     let mut rows_out = 0;
     let mut dropped = 0;
     for (f, keep) in keep.iter().enumerate() {
@@ -138,7 +261,7 @@ pub fn write_filtered(
             crate::interrupt::check()?;
             match piece {
                 Piece::Rows { batch, first_row } => {
-                    rows_out += write_kept(&mut writer, &schema, batch, first_row, keep, input, f)?;
+                    rows_out += write_kept(&mut writer, schema, batch, first_row, keep, input, f)?;
                 }
                 Piece::Damaged(d) => {
                     let wanted = kept_in(keep, d.first_row, d.rows);
@@ -146,7 +269,7 @@ pub fn write_filtered(
                         continue;
                     }
                     let (written, lost) =
-                        salvage(&reader, &d, &mut writer, &schema, keep, input, f)?;
+                        salvage(&reader, &d, &mut writer, schema, keep, input, f)?;
                     rows_out += written;
                     dropped += lost;
                 }
@@ -191,7 +314,7 @@ fn kept_in(keep: &[bool], first: usize, n: usize) -> usize {
 /// the output schema; returns how many.
 fn write_kept(
     writer: &mut AtomicParquetWriter,
-    schema: &SchemaRef,
+    schema: &Layout<'_>,
     batch: RecordBatch,
     first_row: usize,
     keep: &[bool],
@@ -205,20 +328,26 @@ fn write_kept(
             input.display_name(f)
         )
     })?;
-    let selected = mask.iter().filter(|&&k| k).count();
-    if selected == 0 {
+    let rows: Vec<usize> = (first_row..first_row + n)
+        .zip(mask)
+        .filter(|(_, &k)| k)
+        .map(|(r, _)| r)
+        .collect();
+    if rows.is_empty() {
         return Ok(0);
     }
-    let batch = if selected == n {
+    let batch = if rows.len() == n {
         batch
     } else {
         let predicate = BooleanArray::from(mask.to_vec());
         arrow_select::filter::filter_record_batch(&batch, &predicate)
             .with_context(|| format!("filtering {}", input.display_name(f)))?
     };
-    // Shards may differ in schema-level metadata only.
-    let batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec())
-        .with_context(|| format!("reading {}", input.display_name(f)))?;
+    // Shards may differ in schema-level metadata only: the layout's schema
+    // retags the batch.
+    let batch = schema
+        .batch(&batch, f, &rows)
+        .map_err(|e| e.context(format!("reading {}", input.display_name(f))))?;
     writer.write(&batch)?;
     Ok(batch.num_rows())
 }
@@ -230,7 +359,7 @@ fn salvage(
     reader: &Arc<FileReader>,
     d: &Damage,
     writer: &mut AtomicParquetWriter,
-    schema: &SchemaRef,
+    schema: &Layout<'_>,
     keep: &[bool],
     input: &InputSet,
     f: usize,

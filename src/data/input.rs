@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::columns::{check_same_columns, resolve_columns, url_only};
 use super::read::{restore_strings, FileReader, Piece, RowGroupStream};
-use super::rows::{batch_to_pairs, list_values, plain, string_at, RowContext};
+use super::rows::{batch_to_pairs, list_values, plain, source_error_column, string_at, RowContext};
 use super::webdataset::{self, PairBatches};
 use super::{
     ColumnMap, ColumnOptions, FileFormat, ImageKind, InputFile, InputSet, PairRow, TextEmbeddings,
@@ -391,8 +391,9 @@ impl PairIter<'_> {
                 continue;
             }
             if self.stream.is_none() {
-                let cols = pair_columns(&self.set.columns);
                 let reader = Arc::new(FileReader::open(path)?);
+                let mut cols = pair_columns(&self.set.columns);
+                cols.extend(source_error_column(reader.schema(), &self.set.columns));
                 let stream = reader.stream(Some(&cols), self.batch_rows, true);
                 self.stream = Some((reader, stream));
             }
@@ -410,6 +411,7 @@ impl PairIter<'_> {
                 }
                 Some(Piece::Rows { batch, first_row }) => {
                     let (batch, bad) = restore_pair_columns(&batch, reader.schema(), path)?;
+                    let source_error = source_error_column(reader.schema(), &self.set.columns);
                     let base = self.set.image_base(self.file);
                     let ctx = RowContext {
                         file_index: self.file,
@@ -418,9 +420,15 @@ impl PairIter<'_> {
                         columns: &self.set.columns,
                         embedding_dim: self.set.embedding_dim,
                         text_embedding_dim: self.set.text_embedding_dim,
+                        source_error,
                     };
                     let mut rows = batch_to_pairs(&batch, &ctx, first_row)?;
-                    for (column, mask) in bad {
+                    // The source's reason is only quoted: its bytes do not
+                    // make a pair unusable.
+                    for (column, mask) in bad
+                        .into_iter()
+                        .filter(|(c, _)| Some(c.as_str()) != source_error)
+                    {
                         let msg =
                             format!("{} is not valid UTF-8", role(&self.set.columns, &column));
                         for (row, _) in rows.iter_mut().zip(mask).filter(|(_, b)| *b) {

@@ -8,13 +8,14 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Float32Type, UInt64Type};
+use arrow_array::types::{Float16Type, Float32Type, Float64Type};
 use arrow_array::{
     Array, ArrayRef, BooleanArray, Float32Array, RecordBatch, StringArray, UInt64Array,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+use super::rows::{integer_at, plain, string_at};
 use super::write::AtomicParquetWriter;
 use crate::error::{invalid, Result};
 
@@ -73,17 +74,25 @@ pub struct LabelRow {
     pub error: Option<String>,
 }
 
-const COLUMNS: [&str; 9] = [
+/// The labels' columns, in file order. Every column but the join column
+/// `key` carries the `ncclean_` prefix, so joining labels to the source
+/// metadata (img2dataset's `status`/`error_message`, LAION's `similarity`)
+/// never collides with a source column.
+pub const COLUMNS: [&str; 9] = [
     "key",
-    "source_file",
-    "source_row",
-    "clean_prob",
-    "soft_label",
-    "similarity",
-    "is_clean",
-    "status",
-    "error",
+    "ncclean_source_file",
+    "ncclean_source_row",
+    "ncclean_clean_prob",
+    "ncclean_soft_label",
+    "ncclean_similarity",
+    "ncclean_is_clean",
+    "ncclean_status",
+    "ncclean_error",
 ];
+
+/// The prefix of every label column but `key`; files written before it
+/// (plain `status`, `clean_prob`, ...) are still read.
+pub const LABEL_PREFIX: &str = "ncclean_";
 
 fn labels_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
@@ -129,9 +138,10 @@ fn to_batch(schema: &SchemaRef, rows: &[LabelRow]) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(schema.clone(), columns).context("building a labels batch")?)
 }
 
-/// Write `labels.parquet` (columns in this order: key, source_file,
-/// source_row, clean_prob, soft_label, similarity, is_clean, status, error;
-/// the floats are null for skipped rows) with key–value metadata,
+/// Write `labels.parquet` (the [`COLUMNS`] in order: key, then
+/// source_file, source_row, clean_prob, soft_label, similarity, is_clean,
+/// status, error, each prefixed `ncclean_`; the floats are null for skipped
+/// rows) with key–value metadata,
 /// atomically, a chunk of rows at a time.
 pub fn write_labels(
     path: &Path,
@@ -180,11 +190,75 @@ impl LabelsWriter {
     }
 }
 
-/// Read a labels file back with its key–value metadata. A file that lacks a
-/// labels column, or has it with another type, is
-/// [`crate::Error::InvalidInput`] naming the column.
+/// What a labels column may hold as read back: pandas, polars and duckdb
+/// re-save strings as large strings, views or dictionaries, floats as
+/// doubles and counters as signed integers.
+#[derive(Clone, Copy)]
+enum Kind {
+    Text,
+    Float,
+    Count,
+    Flag,
+}
+
+impl Kind {
+    fn accepts(self, dt: &DataType) -> bool {
+        match (self, dt) {
+            (_, DataType::Dictionary(_, v)) => self.accepts(v),
+            (Kind::Text, t) => {
+                matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
+            }
+            (Kind::Float, t) => {
+                matches!(t, DataType::Float16 | DataType::Float32 | DataType::Float64)
+            }
+            (Kind::Count, t) => t.is_integer(),
+            (Kind::Flag, t) => matches!(t, DataType::Boolean),
+        }
+    }
+
+    fn expected(self) -> &'static str {
+        match self {
+            Kind::Text => "a string (utf8, large utf8, string view or a dictionary of them)",
+            Kind::Float => "a float (float16, float32 or float64)",
+            Kind::Count => "an integer",
+            Kind::Flag => "a boolean",
+        }
+    }
+}
+
+const KINDS: [Kind; 9] = [
+    Kind::Text,
+    Kind::Text,
+    Kind::Count,
+    Kind::Float,
+    Kind::Float,
+    Kind::Float,
+    Kind::Flag,
+    Kind::Text,
+    Kind::Text,
+];
+
+/// The column holding label column `name` in `schema`: the current name,
+/// else the name files had before the `ncclean_` prefix.
+fn find_column<'a>(schema: &'a Schema, name: &'a str) -> Option<&'a str> {
+    let legacy = name.strip_prefix(LABEL_PREFIX).unwrap_or(name);
+    [name, legacy]
+        .into_iter()
+        .find(|n| schema.field_with_name(n).is_ok())
+}
+
+/// Read a labels file back with its key–value metadata. Columns are found
+/// by their current or their pre-prefix names, and any string, float or
+/// integer encoding of them is accepted (see [`COLUMNS`]). A file that
+/// lacks a labels column, has one of another kind, or holds a null key or
+/// status is [`crate::Error::InvalidInput`] naming the column.
 pub fn read_labels(path: &Path) -> Result<(Vec<LabelRow>, BTreeMap<String, String>)> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let file = File::open(path).map_err(|e| {
+        invalid(format!(
+            "{}: cannot open the labels file ({e}); give the labels.parquet that fit or score wrote",
+            path.display()
+        ))
+    })?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
         invalid(format!(
             "{}: not a readable parquet file ({e}); expected a labels.parquet written by ncclean",
@@ -202,24 +276,33 @@ pub fn read_labels(path: &Path) -> Result<(Vec<LabelRow>, BTreeMap<String, Strin
                 .collect()
         })
         .unwrap_or_default();
-    let expected = labels_schema();
-    for want in expected.fields() {
-        let found = builder.schema().field_with_name(want.name()).map_err(|_| {
+    let schema = builder.schema().clone();
+    let mut names: Vec<String> = Vec::with_capacity(COLUMNS.len());
+    for (want, kind) in COLUMNS.iter().zip(KINDS) {
+        let found = find_column(&schema, want).ok_or_else(|| {
+            let legacy = want.strip_prefix(LABEL_PREFIX).unwrap_or(want);
+            let also = if legacy == *want {
+                String::new()
+            } else {
+                format!(" (or \"{legacy}\", the unprefixed name older files use)")
+            };
             invalid(format!(
-                "{}: not a labels file: column \"{}\" is missing",
-                path.display(),
-                want.name()
+                "{}: not a labels file: column \"{want}\"{also} is missing",
+                path.display()
             ))
         })?;
-        if found.data_type() != want.data_type() {
+        let dt = schema
+            .field_with_name(found)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+            .data_type();
+        if !kind.accepts(dt) {
             return Err(invalid(format!(
-                "{}: not a labels file: column \"{}\" has type {}, expected {}",
+                "{}: not a labels file: column \"{found}\" has type {dt}, expected {}",
                 path.display(),
-                want.name(),
-                found.data_type(),
-                want.data_type()
+                kind.expected()
             )));
         }
+        names.push(found.to_string());
     }
     let reader = builder
         .build()
@@ -227,47 +310,76 @@ pub fn read_labels(path: &Path) -> Result<(Vec<LabelRow>, BTreeMap<String, Strin
     let mut rows = Vec::new();
     for batch in reader {
         let batch = batch.with_context(|| format!("reading {}", path.display()))?;
-        append_rows(path, &batch, &mut rows)?;
+        append_rows(path, &batch, &names, &mut rows)?;
     }
     Ok((rows, metadata))
 }
 
-fn append_rows(path: &Path, batch: &RecordBatch, rows: &mut Vec<LabelRow>) -> Result<()> {
-    // Types were checked against the schema, so these casts cannot fail.
-    let col = |name: &str| -> Result<&ArrayRef> {
-        Ok(batch
-            .column_by_name(name)
-            .ok_or_else(|| anyhow::anyhow!("{}: column {name} vanished", path.display()))?)
+/// Column `name` of `batch` with any dictionary expanded.
+fn column(path: &Path, batch: &RecordBatch, name: &str) -> Result<ArrayRef> {
+    let array = batch
+        .column_by_name(name)
+        .ok_or_else(|| anyhow::anyhow!("{}: column {name} vanished", path.display()))?;
+    plain(array)
+}
+
+fn float_at(a: &dyn Array, i: usize) -> Option<f32> {
+    if a.is_null(i) {
+        return None;
+    }
+    match a.data_type() {
+        DataType::Float16 => Some(a.as_primitive::<Float16Type>().value(i).to_f32()),
+        DataType::Float32 => Some(a.as_primitive::<Float32Type>().value(i)),
+        DataType::Float64 => Some(a.as_primitive::<Float64Type>().value(i) as f32),
+        _ => None,
+    }
+}
+
+fn append_rows(
+    path: &Path,
+    batch: &RecordBatch,
+    names: &[String],
+    rows: &mut Vec<LabelRow>,
+) -> Result<()> {
+    // Kinds were checked against the schema; `names` follows COLUMNS.
+    let cols: Vec<ArrayRef> = names
+        .iter()
+        .map(|n| column(path, batch, n))
+        .collect::<Result<_>>()?;
+    let [key, source_file, source_row, clean_prob, soft_label, similarity, is_clean, status, error] =
+        &cols[..]
+    else {
+        return Err(anyhow::anyhow!("{}: labels columns vanished", path.display()).into());
     };
-    let key = col("key")?.as_string::<i32>();
-    let source_file = col("source_file")?.as_string::<i32>();
-    let source_row = col("source_row")?.as_primitive::<UInt64Type>();
-    let clean_prob = col("clean_prob")?.as_primitive::<Float32Type>();
-    let soft_label = col("soft_label")?.as_primitive::<Float32Type>();
-    let similarity = col("similarity")?.as_primitive::<Float32Type>();
-    let is_clean = col("is_clean")?.as_boolean();
-    let status = col("status")?.as_string::<i32>();
-    let error = col("error")?.as_string::<i32>();
-    let opt = |a: &arrow_array::Float32Array, i: usize| (!a.is_null(i)).then(|| a.value(i));
+    let is_clean = is_clean.as_boolean();
+    let null = |what: &str, row: usize| {
+        invalid(format!(
+            "{}: row {row}: column \"{what}\" is null; every label row needs one",
+            path.display()
+        ))
+    };
     for i in 0..batch.num_rows() {
-        let st = status.value(i);
-        let status = RowStatus::parse(st).ok_or_else(|| {
+        let row = rows.len();
+        let st = string_at(status.as_ref(), i).ok_or_else(|| null(&names[7], row))?;
+        let status = RowStatus::parse(&st).ok_or_else(|| {
             invalid(format!(
-                "{}: row {}: status \"{st}\" is neither \"ok\" nor \"skipped\"",
+                "{}: row {row}: status \"{st}\" is neither \"ok\" nor \"skipped\"",
                 path.display(),
-                rows.len()
             ))
         })?;
+        let source_row = integer_at(source_row.as_ref(), i)
+            .and_then(|v| u64::try_from(v).ok())
+            .ok_or_else(|| null(&names[2], row))?;
         rows.push(LabelRow {
-            key: key.value(i).to_owned(),
-            source_file: source_file.value(i).to_owned(),
-            source_row: source_row.value(i),
-            clean_prob: opt(clean_prob, i),
-            soft_label: opt(soft_label, i),
-            similarity: opt(similarity, i),
-            is_clean: is_clean.value(i),
+            key: string_at(key.as_ref(), i).ok_or_else(|| null(&names[0], row))?,
+            source_file: string_at(source_file.as_ref(), i).unwrap_or_default(),
+            source_row,
+            clean_prob: float_at(clean_prob.as_ref(), i),
+            soft_label: float_at(soft_label.as_ref(), i),
+            similarity: float_at(similarity.as_ref(), i),
+            is_clean: !is_clean.is_null(i) && is_clean.value(i),
             status,
-            error: (!error.is_null(i)).then(|| error.value(i).to_owned()),
+            error: string_at(error.as_ref(), i),
         });
     }
     Ok(())
@@ -353,7 +465,42 @@ mod tests {
         let e = read_labels(&path).unwrap_err();
         assert_eq!(e.exit_code(), 3);
         assert!(
-            e.to_string().contains("column \"source_file\" is missing"),
+            e.to_string().contains(
+                "column \"ncclean_source_file\" (or \"source_file\", the unprefixed name older files use) is missing"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_column_of_another_kind_names_what_was_expected() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("labels.parquet");
+        write_labels(&path, &sample(), &BTreeMap::new()).unwrap();
+        let (batch, _) = {
+            let b = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap();
+            let mut r = b.build().unwrap();
+            (r.next().unwrap().unwrap(), ())
+        };
+        let mut fields: Vec<Field> = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        let mut cols = batch.columns().to_vec();
+        fields[7] = Field::new("ncclean_status", DataType::Int32, false);
+        cols[7] = Arc::new(arrow_array::Int32Array::from(vec![0, 1]));
+        let bad = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap();
+        let other = dir.path().join("other.parquet");
+        let mut w = AtomicParquetWriter::create(&other, bad.schema(), &BTreeMap::new()).unwrap();
+        w.write(&bad).unwrap();
+        w.finish().unwrap();
+        let e = read_labels(&other).unwrap_err();
+        assert_eq!(e.exit_code(), 3);
+        assert!(
+            e.to_string()
+                .contains("column \"ncclean_status\" has type Int32, expected a string"),
             "{e}"
         );
     }

@@ -9,7 +9,9 @@ mod columns;
 mod discover;
 mod filter;
 mod input;
+mod keys;
 mod labels;
+mod npy;
 mod read;
 mod rows;
 mod webdataset;
@@ -27,8 +29,16 @@ pub use columns::{image_columns, resolve_columns};
 pub(crate) use discover::expand_inputs;
 pub use discover::Discovery;
 pub(crate) use filter::check_same_schema;
-pub use filter::{write_filtered, write_filtered_as, FilterSummary, OutputFormat};
-pub use labels::{read_labels, write_labels, LabelRow, LabelsWriter, RowStatus};
+pub use filter::{
+    write_filtered, write_filtered_annotated, write_filtered_as, Annotations, FilterSummary,
+    OutputFormat,
+};
+pub use keys::{for_each_key, positional_key, DuplicateKeys};
+pub use labels::{
+    read_labels, write_labels, LabelRow, LabelsWriter, RowStatus, COLUMNS as LABEL_COLUMNS,
+    LABEL_PREFIX,
+};
+pub use npy::write_uids_npy;
 pub(crate) use rows::{bytes_at, plain, string_at};
 pub(crate) use webdataset::is_tar;
 pub use webdataset::{

@@ -23,6 +23,36 @@ pub(crate) struct RowContext<'a> {
     pub columns: &'a ColumnMap,
     pub embedding_dim: Option<usize>,
     pub text_embedding_dim: Option<usize>,
+    /// The source's own reason for a missing image (see
+    /// [`source_error_column`]), when the file has one.
+    pub source_error: Option<&'a str>,
+}
+
+/// img2dataset's column saying why a sample failed to download.
+const SOURCE_ERROR_COLUMN: &str = "error_message";
+
+/// Longest source reason quoted in a row's problem: labels hold one per
+/// skipped row.
+const SOURCE_ERROR_CHARS: usize = 200;
+
+/// The column of `schema` whose text explains a missing image (img2dataset's
+/// `error_message`), when it is a string column other than the mapped ones:
+/// a row skipped for its image then says why the download failed.
+pub(crate) fn source_error_column(
+    schema: &arrow_schema::Schema,
+    map: &ColumnMap,
+) -> Option<&'static str> {
+    let f = schema.field_with_name(SOURCE_ERROR_COLUMN).ok()?;
+    let mapped = [
+        Some(map.image.as_str()),
+        Some(map.caption.as_str()),
+        map.key.as_deref(),
+    ];
+    let string = matches!(
+        f.data_type(),
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+    );
+    (string && !mapped.contains(&Some(SOURCE_ERROR_COLUMN))).then_some(SOURCE_ERROR_COLUMN)
 }
 
 /// Dictionary-encoded columns are expanded so the readers below only deal
@@ -69,14 +99,15 @@ pub(crate) fn bytes_at(array: &dyn Array, row: usize) -> Option<&[u8]> {
     }
 }
 
-/// Integer keys are rendered in decimal so they survive as strings.
-fn key_at(array: &dyn Array, row: usize) -> Option<String> {
+/// The value of any integer column, widened so every width fits; `None`
+/// when null or not an integer.
+pub(crate) fn integer_at(array: &dyn Array, row: usize) -> Option<i128> {
     if array.is_null(row) {
         return None;
     }
     macro_rules! int {
         ($t:ty) => {
-            Some(array.as_primitive::<$t>().value(row).to_string())
+            Some(i128::from(array.as_primitive::<$t>().value(row)))
         };
     }
     match array.data_type() {
@@ -88,8 +119,17 @@ fn key_at(array: &dyn Array, row: usize) -> Option<String> {
         DataType::UInt16 => int!(UInt16Type),
         DataType::UInt32 => int!(UInt32Type),
         DataType::UInt64 => int!(UInt64Type),
-        _ => string_at(array, row),
+        _ => None,
     }
+}
+
+/// A key as ncclean writes it: integer keys in decimal, so they survive as
+/// strings; `None` when null. The one rule for every reader of keys (labels
+/// are joined back to data by it).
+pub(crate) fn key_at(array: &dyn Array, row: usize) -> Option<String> {
+    integer_at(array, row)
+        .map(|v| v.to_string())
+        .or_else(|| string_at(array, row))
 }
 
 /// The values of one list entry, whatever list type holds them.
@@ -186,6 +226,10 @@ pub(crate) fn batch_to_pairs(
         Some(t) => Some(column(batch, t)?),
         None => None,
     };
+    let source_error = match ctx.source_error {
+        Some(c) => Some(column(batch, c)?),
+        None => None,
+    };
     let mut out = Vec::with_capacity(batch.num_rows());
     for i in 0..batch.num_rows() {
         let source_row = first_row + i;
@@ -228,6 +272,20 @@ pub(crate) fn batch_to_pairs(
         let image_value = match image_value {
             Ok(v) => Some(v),
             Err(p) => {
+                let why = source_error
+                    .as_ref()
+                    .and_then(|c| string_at(c.as_ref(), i))
+                    .filter(|m| !m.trim().is_empty());
+                let p = match why {
+                    Some(m) => format!(
+                        "{p} (source error_message: {})",
+                        m.trim()
+                            .chars()
+                            .take(SOURCE_ERROR_CHARS)
+                            .collect::<String>()
+                    ),
+                    None => p,
+                };
                 problems.push(p);
                 None
             }

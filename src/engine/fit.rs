@@ -11,11 +11,11 @@ use ncclean_pipelines::{EpochStats, Observer, TrainConfig};
 use serde::Serialize;
 
 use super::checkpointed::Engine;
-use super::keep::keep_mask;
+use super::keep::join_by_position;
 use super::labels::config_hash;
-use super::prepare::{Prepared, Preparer, READ_BATCH_ROWS};
+use super::prepare::{Preparer, READ_BATCH_ROWS};
 use crate::checkpoint::{self, CheckpointState};
-use crate::data::{self, InputSet, LabelRow};
+use crate::data::{self, InputSet};
 use crate::encoders::EncoderSpec;
 use crate::error::{invalid, Error, Result};
 use crate::features::CacheOptions;
@@ -159,6 +159,17 @@ pub fn fit(
     drop(preparer);
     let (prepared, vocab) = (run.prepared, run.vocab);
     let read_seconds = t0.elapsed().as_secs_f64();
+    // Labels are joined back to the data by key (`filter`): a run on keys
+    // that repeat would write labels nothing can use.
+    let dups = data::DuplicateKeys::of(prepared.rows.iter().map(|r| r.key.as_str()));
+    if dups.repeats > 0 {
+        return Err(invalid(format!(
+            "{}: labels could not be joined back to these rows by key. Name a column with a unique value per row \
+             (--key-col), or leave the data without a key column so rows are keyed <file stem>:<row>; \
+             `ncclean inspect` reports duplicates",
+            dups.sentence()
+        )));
+    }
     if prepared.ok.len() < 2 {
         return Err(invalid(format!(
             "{}: only {} usable pair(s) out of {} rows; fit needs at least 2 (see the reasons with `ncclean inspect`)",
@@ -323,11 +334,18 @@ pub fn fit(
     })?;
     let labels_path = out.join("labels.parquet");
     data::write_labels(&labels_path, &scored.labels, &metadata)?;
-    let keep = match &sample {
-        None => keep_mask(input, &scored.labels)?,
-        Some(_) => sampled_keep(input, &prepared, &scored.labels),
-    };
-    let filtered = data::write_filtered(input, &keep, &out.join("filtered.parquet"), &metadata)?;
+    let joined = join_by_position(input, &scored.labels, |l| l.is_clean, sample.is_none())?;
+    let filtered = data::write_filtered_annotated(
+        input,
+        &joined.keep,
+        &out.join("filtered.parquet"),
+        &metadata,
+        Some(data::Annotations {
+            labels: &scored.labels,
+            label_of: &joined.label_of,
+            decision: None,
+        }),
+    )?;
 
     let summary = FitSummary {
         rows: prepared.rows.len(),
@@ -398,23 +416,6 @@ fn signal_check(engine: &Engine, prepared: &super::Prepared) -> Result<Option<Si
     let idx = signal::sample(prepared.ok.len());
     let sim = engine.similarity_matrix(prepared, &idx, &idx)?;
     Ok(SignalCheck::of(&sim, idx.len()))
-}
-
-/// `keep[file][row]` for a fit on a sample: the drawn rows' labels (one
-/// per prepared row, in order) say which are clean; rows not drawn are not
-/// kept.
-fn sampled_keep(input: &InputSet, prepared: &Prepared, labels: &[LabelRow]) -> Vec<Vec<bool>> {
-    let mut keep: Vec<Vec<bool>> = input
-        .files
-        .iter()
-        .map(|f| vec![false; f.num_rows])
-        .collect();
-    for (rec, l) in prepared.rows.iter().zip(labels) {
-        if let Some(slot) = keep.get_mut(rec.file).and_then(|k| k.get_mut(rec.row)) {
-            *slot = l.is_clean;
-        }
-    }
-    keep
 }
 
 /// The error for a stop during epoch `e` (0-based) of `total`, saying what

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use super::join::{Joined, NO_LABEL};
 use crate::data::{InputSet, LabelRow};
 use crate::error::{invalid, Result};
 
@@ -48,16 +49,35 @@ pub fn keep_mask_by(
     labels: &[LabelRow],
     pred: impl Fn(&LabelRow) -> bool,
 ) -> Result<Vec<Vec<bool>>> {
+    Ok(join_by_position(input, labels, pred, true)?.keep)
+}
+
+/// [`keep_mask_by`] with each row's label index: for labels just made from
+/// `input` itself (`fit`), where position is identity. Data that may have
+/// changed since is joined by key ([`super::LabelIndex`]). With
+/// `every_row` the labels must cover every row of `input`; without (a fit
+/// on a sample), rows without a label are not kept.
+pub fn join_by_position(
+    input: &InputSet,
+    labels: &[LabelRow],
+    pred: impl Fn(&LabelRow) -> bool,
+    every_row: bool,
+) -> Result<Joined> {
     let mut keep: Vec<Vec<bool>> = input
         .files
         .iter()
         .map(|f| vec![false; f.num_rows])
         .collect();
+    let mut label_of: Vec<Vec<u32>> = input
+        .files
+        .iter()
+        .map(|f| vec![NO_LABEL; f.num_rows])
+        .collect();
     let names: Vec<String> = (0..input.files.len())
         .map(|f| input.display_name(f))
         .collect();
     let mut seen = vec![0usize; input.files.len()];
-    for l in labels {
+    for (i, l) in labels.iter().enumerate() {
         let f = names
             .iter()
             .position(|n| *n == l.source_file)
@@ -78,17 +98,26 @@ pub fn keep_mask_by(
             ))
         })?;
         *slot = pred(l);
+        if let Some(o) = label_of[f].get_mut(row) {
+            *o = u32::try_from(i).unwrap_or(NO_LABEL);
+        }
         seen[f] += 1;
     }
     for (f, n) in seen.iter().enumerate() {
-        if *n != input.files[f].num_rows {
+        if every_row && *n != input.files[f].num_rows {
             return Err(invalid(format!(
                 "labels cover {n} of the {} rows of {}; were they made from this data?",
                 input.files[f].num_rows, names[f]
             )));
         }
     }
-    Ok(keep)
+    Ok(Joined {
+        keep,
+        label_of,
+        unmatched: 0,
+        unmatched_examples: Vec::new(),
+        positional: labels.len(),
+    })
 }
 
 #[cfg(test)]

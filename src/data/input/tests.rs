@@ -21,6 +21,49 @@ fn open(paths: &[PathBuf]) -> Result<InputSet> {
     InputSet::open(paths, &ColumnOptions::default())
 }
 
+/// img2dataset's own reason for a failed download reaches the skipped
+/// row's problem (issue #14 item 6); its status column does not matter.
+#[test]
+fn img2dataset_error_message_is_quoted_for_a_missing_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write_parquet(
+        dir.path(),
+        "00000.parquet",
+        vec![
+            (
+                "key",
+                strings(&[Some("000000000"), Some("000000001"), Some("000000002")]),
+            ),
+            ("jpg", binaries(&[Some(b"img0"), None, None])),
+            (
+                "caption",
+                strings(&[Some("a dog"), Some("a cat"), Some("a cow")]),
+            ),
+            (
+                "status",
+                strings(&[
+                    Some("success"),
+                    Some("failed_to_download"),
+                    Some("failed_to_download"),
+                ]),
+            ),
+            (
+                "error_message",
+                strings(&[None, Some("HTTP Error 404: Not Found"), Some("  ")]),
+            ),
+        ],
+    );
+    let set = open(&[p]).unwrap();
+    let rows = all_pairs(&set, 8);
+    assert_eq!(rows[0].problem, None);
+    assert_eq!(
+        rows[1].problem.as_deref(),
+        Some("image is null (source error_message: HTTP Error 404: Not Found)")
+    );
+    // A blank message adds nothing.
+    assert_eq!(rows[2].problem.as_deref(), Some("image is null"));
+}
+
 #[test]
 fn bytes_images_stream_with_keys_and_problems() {
     let dir = tempfile::tempdir().unwrap();

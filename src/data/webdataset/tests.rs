@@ -345,7 +345,7 @@ fn an_input_set_of_tars_streams_pairs_and_filters_to_tar_or_parquet() {
     let out = dir.path().join("f.tar");
     let format = OutputFormat::choose(&set, &dir.path().join("f"), None);
     assert_eq!(format, OutputFormat::Tar);
-    crate::data::write_filtered_as(&set, &keep, &out, &Default::default(), format).unwrap();
+    crate::data::write_filtered_as(&set, &keep, &out, &Default::default(), format, None).unwrap();
     let names: Vec<String> = members_of(&out).into_iter().map(|(n, _)| n).collect();
     assert_eq!(
         names,

@@ -11,7 +11,7 @@ use arrow_array::{BooleanArray, RecordBatch};
 
 use super::group::{split_name, Grouper};
 use super::tar::{Entry, TarReader};
-use super::{record_batches, schema, FileFormat};
+use super::{record_batches, FileFormat};
 use crate::data::write::AtomicParquetWriter;
 use crate::data::{FilterSummary, InputSet};
 use crate::error::Result;
@@ -161,8 +161,13 @@ fn mask_mismatch(shard: &Path, mask: usize, samples: usize) -> crate::Error {
     ))
 }
 
+/// Turns kept rows into the output's batch (see [`write_filtered_parquet`]).
+pub(crate) type Shape<'a> = dyn Fn(&RecordBatch, usize, &[usize]) -> Result<RecordBatch> + 'a;
+
 /// Write the kept samples of tar input as parquet rows of
-/// [`super::schema`]: key, image bytes, caption and the `.json` text.
+/// [`super::schema`]: key, image bytes, caption and the `.json` text, shaped
+/// by `shape(batch, file, rows)` (the kept rows `rows` of input file `file`)
+/// into `out_schema` (label columns added).
 /// Kept samples whose image or caption cannot be read (they were usable
 /// when scored, so the shard changed) are left out and counted as dropped.
 pub(crate) fn write_filtered_parquet(
@@ -170,10 +175,12 @@ pub(crate) fn write_filtered_parquet(
     keep: &[Vec<bool>],
     out: &Path,
     metadata: &BTreeMap<String, String>,
+    shape: &Shape<'_>,
+    out_schema: arrow_schema::SchemaRef,
 ) -> Result<FilterSummary> {
-    let mut writer = AtomicParquetWriter::create(out, schema(), metadata)?;
+    let mut writer = AtomicParquetWriter::create(out, out_schema, metadata)?;
     let (mut rows_out, mut dropped) = (0, 0);
-    for (f, mask) in input.files.iter().zip(keep) {
+    for (file, (f, mask)) in input.files.iter().zip(keep).enumerate() {
         let FileFormat::Webdataset(layout) = &f.format else {
             return Err(crate::error::invalid(format!(
                 "{}: is not a tar shard; inputs of one run must all be tar shards or all parquet",
@@ -202,14 +209,20 @@ pub(crate) fn write_filtered_parquet(
                 .zip(&readable)
                 .filter(|(w, r)| **w && !**r)
                 .count();
-            let n = chosen.iter().filter(|&&c| c).count();
+            let rows: Vec<usize> = index
+                .iter()
+                .zip(&chosen)
+                .filter(|(_, &c)| c)
+                .map(|(&i, _)| i)
+                .collect();
+            let n = rows.len();
             if n == 0 {
                 continue;
             }
             let batch: RecordBatch =
                 arrow_select::filter::filter_record_batch(&batch, &BooleanArray::from(chosen))
                     .with_context(|| format!("filtering {}", f.path.display()))?;
-            writer.write(&batch)?;
+            writer.write(&shape(&batch, file, &rows)?)?;
             rows_out += n;
         }
     }
