@@ -86,28 +86,6 @@ impl Observer for Silent {
     fn finish(&mut self) {}
 }
 
-#[cfg(test)]
-mod epoch_stats_tests {
-    use super::*;
-
-    #[test]
-    fn epochs_are_written_one_based_and_read_back() {
-        let s = EpochStats {
-            epoch: 0,
-            phase: "warmup".into(),
-            loss: 0.5,
-            clean_fraction: None,
-            pairs: 3,
-        };
-        let v = serde_json::to_value(&s).unwrap();
-        assert_eq!(v["epoch"], 1);
-        let back: EpochStats = serde_json::from_value(v).unwrap();
-        assert_eq!(back.epoch, 0);
-        let zero = serde_json::json!({"epoch": 0, "phase": "x", "loss": 0.0, "clean_fraction": null, "pairs": 0});
-        assert!(serde_json::from_value::<EpochStats>(zero).is_err());
-    }
-}
-
 /// A trained or trainable method, as the engine drives it. The one
 /// implementation is [`crate::runner::Runner`]; methods implement
 /// [`crate::method::Method`].
@@ -177,4 +155,26 @@ pub trait Pipeline {
         state: &serde_json::Value,
         pairs: Vec<(String, Vec<f32>)>,
     ) -> Result<()>;
+}
+
+#[cfg(test)]
+mod epoch_stats_tests {
+    use super::*;
+
+    #[test]
+    fn epochs_are_written_one_based_and_read_back() {
+        let s = EpochStats {
+            epoch: 0,
+            phase: "warmup".into(),
+            loss: 0.5,
+            clean_fraction: None,
+            pairs: 3,
+        };
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["epoch"], 1);
+        let back: EpochStats = serde_json::from_value(v).unwrap();
+        assert_eq!(back.epoch, 0);
+        let zero = serde_json::json!({"epoch": 0, "phase": "x", "loss": 0.0, "clean_fraction": null, "pairs": 0});
+        assert!(serde_json::from_value::<EpochStats>(zero).is_err());
+    }
 }
