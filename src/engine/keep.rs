@@ -20,28 +20,6 @@ fn base(s: &str) -> String {
         .unwrap_or_default()
 }
 
-/// The labels of the input file `file` out of labels of many files,
-/// matched the way [`keep_mask_by`] matches them (`source_file` as written,
-/// or the file name): one labels file for all shards, filtered a shard at a
-/// time.
-pub fn labels_for_file(labels: &[LabelRow], file: &Path) -> Vec<LabelRow> {
-    let name = file.display().to_string();
-    let exact: Vec<LabelRow> = labels
-        .iter()
-        .filter(|l| l.source_file == name)
-        .cloned()
-        .collect();
-    if !exact.is_empty() {
-        return exact;
-    }
-    let b = base(&name);
-    labels
-        .iter()
-        .filter(|l| base(&l.source_file) == b)
-        .cloned()
-        .collect()
-}
-
 /// `keep[file][row]` = `pred(label)` for each input row. Labels are matched to
 /// input files by their `source_file` (as written, or by file name).
 pub fn keep_mask_by(

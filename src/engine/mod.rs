@@ -29,7 +29,7 @@ mod stream;
 pub use checkpointed::{Engine, LabelsSummary, Scored};
 pub use fit::{fit, FitOptions, FitSummary};
 pub use join::{FingerprintCheck, Joined, LabelIndex, Positional, NO_LABEL};
-pub use keep::{join_by_position, keep_mask, keep_mask_by, labels_for_file};
+pub use keep::{join_by_position, keep_mask, keep_mask_by};
 pub use labels::config_hash;
 pub use prepare::{
     image_identity, prepare_for, scan, Prepared, PreparedRun, Preparer, RowRecord, READ_BATCH_ROWS,

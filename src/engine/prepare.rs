@@ -497,6 +497,36 @@ impl<'a> Preparer<'a> {
         )?))
     }
 
+    /// Read `batches` (the next `rows` rows) once through the frozen
+    /// towers' extraction, keeping head inputs with `keep`: the pass and the
+    /// towers' features of the rows.
+    fn pass(
+        &self,
+        batches: impl Iterator<Item = Result<Vec<PairRow>>>,
+        rows: usize,
+        keep: bool,
+        rep: &Reporter,
+    ) -> Result<(Pass, Option<SideFeatures>, Option<SideFeatures>)> {
+        let mut extraction = self.extraction(rows)?;
+        let pass = read_pass(
+            self.input,
+            batches,
+            rows,
+            self.path,
+            self.text,
+            extraction.as_mut(),
+            keep,
+            rep,
+        )?;
+        Ok(match extraction {
+            Some(ex) => {
+                let done = ex.finish(rep)?;
+                (pass, done.image, done.text)
+            }
+            None => (pass, None, None),
+        })
+    }
+
     /// One pass over `batches` (the next `rows` rows of the input, in
     /// order): frozen towers encode into the feature cache or find their
     /// features there, and the rows become head inputs.
@@ -507,24 +537,7 @@ impl<'a> Preparer<'a> {
         vocab: Option<&Vocab>,
         rep: &Reporter,
     ) -> Result<PreparedRun> {
-        let mut extraction = self.extraction(rows)?;
-        let pass = read_pass(
-            self.input,
-            batches,
-            rows,
-            self.path,
-            self.text,
-            extraction.as_mut(),
-            true,
-            rep,
-        )?;
-        let (image_features, text_features) = match extraction {
-            Some(ex) => {
-                let done = ex.finish(rep)?;
-                (done.image, done.text)
-            }
-            None => (None, None),
-        };
+        let (pass, image_features, text_features) = self.pass(batches, rows, true, rep)?;
         assemble(
             pass,
             self.path,
@@ -546,24 +559,7 @@ impl<'a> Preparer<'a> {
         rows: usize,
         rep: &Reporter,
     ) -> Result<Vec<bool>> {
-        let mut extraction = self.extraction(rows)?;
-        let pass = read_pass(
-            self.input,
-            batches,
-            rows,
-            self.path,
-            self.text,
-            extraction.as_mut(),
-            false,
-            rep,
-        )?;
-        let (image, text) = match extraction {
-            Some(ex) => {
-                let done = ex.finish(rep)?;
-                (done.image, done.text)
-            }
-            None => (None, None),
-        };
+        let (pass, image, text) = self.pass(batches, rows, false, rep)?;
         Ok(pass
             .rows
             .iter()
