@@ -5,6 +5,7 @@
 
 use candle_core::{Module, Result, Tensor, D};
 
+use crate::frozen_matmul::matmul_frozen_lhs;
 use crate::params::{Init, ParamStore};
 
 /// y = x Wᵀ + b.
@@ -27,9 +28,22 @@ impl Linear {
 }
 
 impl Module for Linear {
+    /// Any leading dimensions are flattened into rows first: one `[rows,
+    /// fan_in]` product, whose weight gradient is one product too (a
+    /// broadcast `[B, P, fan_in] · Wᵀ` would build a `[B, fan_in, fan_out]`
+    /// gradient and sum it over `B`). A constant input (cached features)
+    /// gets no gradient computed ([`matmul_frozen_lhs`]).
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.broadcast_matmul(&self.weight.t()?)?
-            .broadcast_add(&self.bias)
+        let dims = x.dims();
+        let Some((&fan_in, lead)) = dims.split_last() else {
+            candle_core::bail!("linear layer on a scalar");
+        };
+        let rows: usize = lead.iter().product();
+        let y = matmul_frozen_lhs(&x.reshape((rows, fan_in))?, &self.weight.t()?)?
+            .broadcast_add(&self.bias)?;
+        let mut out = lead.to_vec();
+        out.push(y.dim(1)?);
+        y.reshape(out)
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod bert_text;
 pub mod clip_tower;
+pub mod frozen_matmul;
 pub mod gpo;
 pub mod hf_dir;
 pub mod inputs;
