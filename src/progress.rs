@@ -260,7 +260,7 @@ pub fn human_duration(secs: f64) -> String {
 fn unit_of(stage: &str) -> &'static str {
     match stage {
         "reading" | "encoding" => "row",
-        "scoring" | "final division" => "step",
+        "scoring" | "final division" => "pair",
         _ => "batch",
     }
 }
@@ -406,6 +406,6 @@ mod tests {
     fn stages_name_what_they_count() {
         assert_eq!(unit_of("encoding"), "row");
         assert_eq!(unit_of("warmup"), "batch");
-        assert_eq!(unit_of("scoring"), "step");
+        assert_eq!(unit_of("scoring"), "pair");
     }
 }

@@ -389,6 +389,7 @@ fn nets_stats(
 ) -> Result<Vec<EscPass>> {
     let n = data.len();
     let ranges = order.ranges(n);
+    let ticks = order.ticks();
     let shuffles = cfg.division_shuffles.max(1);
     let batches = shuffled_batch_list(n, cfg.batch_size, shuffles, order)?;
     let (_, image_of) = data.images.distinct();
@@ -397,6 +398,7 @@ fn nets_stats(
     let mut anchor_sets: Vec<Vec<Vec<usize>>> = Vec::with_capacity(nets.len());
     for net in nets {
         let (vi, vt) = net.embed_ranges_with(data, &ranges, EMBED_CHUNK, &image_of)?;
+        ticks.add(n);
         let mut st = EscPass {
             l_div: vec![0.0; n],
             anchor: vec![false; n],
@@ -423,6 +425,7 @@ fn nets_stats(
                 }
                 sets.push(bicro_anchor_set(&div.hinge, params.bicro_anchors(b.len())));
             }
+            ticks.add(window.iter().map(Vec::len).sum());
         }
         passes.push(st);
         anchor_sets.push(sets);
@@ -491,6 +494,7 @@ fn nets_stats(
                 }
             }
         }
+        ticks.add(window.iter().map(|&t| batches[t].len()).sum());
     }
     let inv = 1.0 / shuffles as f32;
     for st in &mut passes {
@@ -641,6 +645,13 @@ impl Method for Esc {
 
     fn clean_side(&self) -> CleanSide {
         CleanSide::LowMean
+    }
+
+    /// Each network's embedding and shuffled batchings, then BiCro's raw
+    /// labels over the same batchings once for both.
+    fn score_passes(&self, cfg: &TrainConfig, networks: usize) -> usize {
+        let shuffles = cfg.division_shuffles.max(1);
+        networks * (1 + shuffles) + shuffles
     }
 
     /// Both networks' statistics on the same fixed batches, averaged.

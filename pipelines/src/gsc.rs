@@ -287,6 +287,7 @@ impl Gsc {
         let ranges = ctx.shuffles().ranges(ctx.data.len());
         let (vi, vt) = net.embed_ranges_with(ctx.data, &ranges, EMBED_CHUNK, image_of)?;
         let n = vi.dim(0)?;
+        ctx.ticks.add(n);
         let shuffles = ctx.cfg.division_shuffles.max(1);
         let mut s_im = vec![0f32; n];
         let mut y_cm = vec![0f32; n];

@@ -29,7 +29,7 @@ use crate::losses::per_sample_hinge;
 use crate::net::Net;
 use crate::pipeline::PairScores;
 use crate::runner::Streams;
-use crate::scoring::{ScoreBlocks, Shuffles};
+use crate::scoring::{ScoreBlocks, Shuffles, Ticks};
 
 /// The pairs each network trains on in one epoch, and what the epoch log says.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,12 +104,14 @@ pub struct ScoreCtx<'a> {
     /// Refit the method's own auxiliary mixtures on `data` instead of using
     /// the stored ones (the runner refits its division itself).
     pub refit: bool,
+    /// Where the pass reports its progress.
+    pub ticks: Ticks<'a>,
 }
 
 impl ScoreCtx<'_> {
     /// The block-local shuffles every scoring statistic is computed with.
     pub fn shuffles(&self) -> Shuffles<'_> {
-        Shuffles::Blocks(self.blocks, self.streams)
+        Shuffles::Blocks(self.blocks, self.streams, self.ticks)
     }
 }
 
@@ -194,8 +196,16 @@ pub trait Method: Sized {
     /// Which component of the division mixture is clean.
     fn clean_side(&self) -> CleanSide;
 
-    /// One pass over `ctx.data` without gradients.
+    /// One pass over `ctx.data` without gradients, reporting every pair
+    /// of each of its passes to `ctx.ticks`.
     fn score_pass(&self, ctx: &ScoreCtx) -> Result<Self::Pass>;
+
+    /// How many passes over the pairs [`Method::score_pass`] reports to
+    /// its ticks, for the progress bar: by default each network's
+    /// embedding pass and its `division_shuffles` shuffled batchings.
+    fn score_passes(&self, cfg: &TrainConfig, networks: usize) -> usize {
+        networks * (1 + cfg.division_shuffles.max(1))
+    }
 
     /// The statistic of a pass that the division mixture is fitted on.
     fn statistic(pass: &Self::Pass) -> &[f32];

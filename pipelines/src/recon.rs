@@ -287,6 +287,7 @@ impl Recon {
         order: Shuffles,
     ) -> Result<Stats> {
         let n = data.len();
+        let ticks = order.ticks();
         // Chunks never span two scoring blocks: a block embeds exactly as
         // it does scored alone.
         let chunks: Vec<Vec<usize>> = order
@@ -342,6 +343,7 @@ impl Recon {
                 vts.push(gt);
                 l_im.extend(im);
             }
+            ticks.add(window.iter().map(|c| c.len()).sum());
         }
         let (vi, vt) = (Tensor::cat(&vis, 0)?, Tensor::cat(&vts, 0)?);
         let similarity = pair_similarity(&vi, &vt)?;

@@ -6,6 +6,7 @@
 //! [`Method`] supplies only its paper's math. `Runner<M>` is the
 //! [`Pipeline`] the engine drives.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use candle_core::{Device, Tensor};
@@ -20,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::net::Net;
 use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
-use crate::scoring::ScoreBlocks;
+use crate::scoring::{ScoreBlocks, Ticks};
 
 /// Pairs embedded per forward pass when a whole dataset is embedded without
 /// gradients (scoring, division passes, retrieval).
@@ -284,14 +285,15 @@ impl<M: Method> Runner<M> {
         if obs.cancelled() {
             return Err(Error::Interrupted);
         }
-        obs.start("scoring", 1);
         let stored = match (&self.division, refit) {
             (_, true) => None,
             (Some(d), false) => Some(d),
             (None, false) => return Err(not_fitted()),
         };
         self.check_finite_weights()?;
-        let pass = self.pass_in(data, blocks, refit)?;
+        let pass = self.watched(obs, "scoring", data.len(), |ticks| {
+            self.pass_in(data, blocks, refit, ticks)
+        })?;
         let stat = M::statistic(&pass);
         let clean_prob = match stored {
             Some(d) => d.clean_prob(stat),
@@ -308,16 +310,27 @@ impl<M: Method> Runner<M> {
                 scores.soft_label[i] = 0.0;
             }
         }
-        obs.advance(1);
-        obs.finish();
         Ok(scores)
     }
 
-    fn pass(&self, data: &PairInputs, shards: &[usize], refit: bool) -> Result<M::Pass> {
-        self.pass_in(data, &ScoreBlocks::new(shards, self.cfg.batch_size), refit)
+    fn pass(
+        &self,
+        data: &PairInputs,
+        shards: &[usize],
+        refit: bool,
+        ticks: Ticks,
+    ) -> Result<M::Pass> {
+        let blocks = ScoreBlocks::new(shards, self.cfg.batch_size);
+        self.pass_in(data, &blocks, refit, ticks)
     }
 
-    fn pass_in(&self, data: &PairInputs, blocks: &ScoreBlocks, refit: bool) -> Result<M::Pass> {
+    fn pass_in(
+        &self,
+        data: &PairInputs,
+        blocks: &ScoreBlocks,
+        refit: bool,
+        ticks: Ticks,
+    ) -> Result<M::Pass> {
         if blocks.pairs() != data.len() {
             return Err(Error::State(format!(
                 "the shards hold {} pairs, the data {}",
@@ -332,7 +345,50 @@ impl<M: Method> Runner<M> {
             streams: &self.streams,
             blocks,
             refit,
+            ticks,
         })
+    }
+
+    /// Run `pass` as the observer's stage `stage` of `n` pairs: the
+    /// method's passes over the pairs ([`Method::score_passes`]) are
+    /// reported as one sweep over them, so the bar moves once through the
+    /// whole scoring work.
+    fn watched<T>(
+        &self,
+        obs: &mut dyn Observer,
+        stage: &str,
+        n: usize,
+        pass: impl FnOnce(Ticks) -> Result<T>,
+    ) -> Result<T> {
+        let passes = self.method.score_passes(&self.cfg, self.nets.len()).max(1);
+        obs.start(stage, n as u64);
+        // (observer, pair-passes reported, pairs shown)
+        let state = RefCell::new((obs, 0usize, 0u64));
+        let tick = |units: usize| {
+            let mut st = state.borrow_mut();
+            st.1 += units;
+            let now = ((st.1 / passes) as u64).min(n as u64);
+            if now > st.2 {
+                let step = now - st.2;
+                st.2 = now;
+                st.0.advance(step);
+            }
+        };
+        let out = pass(Ticks::new(&tick));
+        let (obs, units, shown) = state.into_inner();
+        if out.is_ok() {
+            debug_assert_eq!(
+                units,
+                passes * n,
+                "{}: score_passes does not match the passes the score reports",
+                M::NAME
+            );
+            if shown < n as u64 {
+                obs.advance(n as u64 - shown);
+            }
+        }
+        obs.finish();
+        out
     }
 }
 
@@ -468,16 +524,15 @@ impl<M: Method> Pipeline for Runner<M> {
         if obs.cancelled() {
             return Err(Error::Interrupted);
         }
-        obs.start("final division", 1);
-        let pass = self.pass(data, shards, true)?;
+        let pass = self.watched(obs, "final division", data.len(), |ticks| {
+            self.pass(data, shards, true, ticks)
+        })?;
         self.division = Some(Division::fit(
             M::statistic(&pass),
             self.cfg.mixture,
             self.method.clean_side(),
         ));
         self.method.keep_fitted(&pass);
-        obs.advance(1);
-        obs.finish();
         Ok(())
     }
 
@@ -636,6 +691,80 @@ mod tests {
         }
         let over = crate::config::parse_sets(&sets).expect("sets parse");
         crate::config::resolve(method, None, &over).expect("config resolves")
+    }
+
+    /// Every stage an observer saw: name, total and each advance.
+    #[derive(Default)]
+    struct Recorder(Vec<(String, u64, Vec<u64>)>);
+
+    impl Observer for Recorder {
+        fn start(&mut self, stage: &str, total: u64) {
+            self.0.push((stage.to_string(), total, Vec::new()));
+        }
+        fn advance(&mut self, n: u64) {
+            if let Some(s) = self.0.last_mut() {
+                s.2.push(n);
+            }
+        }
+        fn finish(&mut self) {}
+    }
+
+    /// The final division and scoring count pairs and move as the passes
+    /// go (the debug build also checks each method's declared passes
+    /// against what its score reports), for every method.
+    #[test]
+    fn scoring_progress_moves_through_the_pairs() -> Result<()> {
+        use ncclean_models::{ImageInputs, LocalOptions, Pooling, TextInputs};
+        let global = (data(), crate::test_support::precomputed_model(6, 8, 16));
+        let local = (
+            PairInputs {
+                images: ImageInputs::Pixels {
+                    data: (0..24 * 3 * 256).map(|i| (i * 13 % 251) as u8).collect(),
+                    size: 16,
+                },
+                texts: TextInputs::Tokens((0..24).map(|i| vec![2 + i % 9, 3, 4 + i % 5]).collect()),
+            },
+            ModelConfig {
+                image: ncclean_models::ImageTowerConfig::DemoCnn {
+                    image_size: 16,
+                    width: 4,
+                },
+                text: ncclean_models::TextTowerConfig::DemoBow {
+                    vocab_size: 16,
+                    dim: 6,
+                },
+                joint_dim: 5,
+                hidden: 7,
+                head: LocalOptions {
+                    local: true,
+                    pooling: Pooling::Gpo,
+                    unit_inputs: false,
+                },
+            },
+        );
+        for info in registry::METHODS {
+            let (data, model) = if info.needs_local_features {
+                &local
+            } else {
+                &global
+            };
+            let mut p = (info.build)(config(info.name), model, 5, &Device::Cpu)?;
+            let mut rec = Recorder::default();
+            p.finalize(data, &[data.len()], &mut rec)?;
+            p.score(data, &[data.len()], false, &mut rec)?;
+            let stages: Vec<&str> = rec.0.iter().map(|s| s.0.as_str()).collect();
+            assert_eq!(stages, ["final division", "scoring"], "{}", info.name);
+            for (stage, total, steps) in &rec.0 {
+                assert_eq!(*total, 24, "{}: {stage}", info.name);
+                assert_eq!(steps.iter().sum::<u64>(), 24, "{}: {stage}", info.name);
+                assert!(
+                    steps.len() >= 2,
+                    "{}: {stage} moved once: {steps:?}",
+                    info.name
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Every method without local features: fit, then scoring is

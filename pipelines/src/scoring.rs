@@ -99,11 +99,35 @@ pub enum Shuffles<'a> {
     /// Training: each shuffle batches all pairs, drawn from this stream.
     Global(&'a mut Rng),
     /// Scoring: each block is batched on its own, from
-    /// [`Streams::score_block`] of its index.
-    Blocks(&'a ScoreBlocks, &'a Streams),
+    /// [`Streams::score_block`] of its index; progress goes to the ticks.
+    Blocks(&'a ScoreBlocks, &'a Streams, Ticks<'a>),
 }
 
-impl Shuffles<'_> {
+/// Progress of a scoring pass, in pairs through one of its passes (an
+/// embedding pass or one shuffled batching), reported on the thread that
+/// runs the pass. Each method declares how many passes a score makes
+/// ([`crate::method::Method::score_passes`]).
+#[derive(Clone, Copy)]
+pub struct Ticks<'a>(Option<&'a dyn Fn(usize)>);
+
+impl<'a> Ticks<'a> {
+    /// Progress nobody watches.
+    pub const NONE: Ticks<'static> = Ticks(None);
+
+    /// Progress handed to `f`.
+    pub fn new(f: &'a dyn Fn(usize)) -> Ticks<'a> {
+        Ticks(Some(f))
+    }
+
+    /// `pairs` more pairs went through a pass.
+    pub fn add(&self, pairs: usize) {
+        if let Some(f) = self.0 {
+            f(pairs)
+        }
+    }
+}
+
+impl<'a> Shuffles<'a> {
     /// The stretches of `n` pairs that are embedded apart: all of them in
     /// training, each block on its own in scoring. Matrix products can round
     /// a row differently with the shape of the chunk it is computed in, so a
@@ -112,11 +136,19 @@ impl Shuffles<'_> {
     pub fn ranges(&self, n: usize) -> Vec<std::ops::Range<usize>> {
         match self {
             Shuffles::Global(_) => std::iter::once(0..n).collect(),
-            Shuffles::Blocks(blocks, _) => blocks
+            Shuffles::Blocks(blocks, _, _) => blocks
                 .blocks()
                 .iter()
                 .map(|b| b.start..b.start + b.len)
                 .collect(),
+        }
+    }
+
+    /// Where this statistic's progress goes (nowhere in training).
+    pub fn ticks(&self) -> Ticks<'a> {
+        match self {
+            Shuffles::Global(_) => Ticks::NONE,
+            Shuffles::Blocks(_, _, t) => *t,
         }
     }
 }
@@ -152,6 +184,7 @@ pub fn hinge_pass(
     order: Shuffles,
 ) -> Result<StatPass> {
     let (vi, vt) = net.embed_ranges(data, &order.ranges(data.len()), EMBED_CHUNK)?;
+    order.ticks().add(data.len());
     Ok(StatPass {
         statistic: hinge_statistic(
             &vi,
@@ -203,7 +236,7 @@ pub fn shuffled_batch_list(
     };
     match order {
         Shuffles::Global(rng) => add(&(0..n).collect::<Vec<_>>(), rng),
-        Shuffles::Blocks(blocks, streams) => {
+        Shuffles::Blocks(blocks, streams, _) => {
             if blocks.pairs() != n {
                 return Err(candle_core::Error::Msg(format!(
                     "scoring blocks cover {} pairs, the data holds {n}",
@@ -235,12 +268,14 @@ pub fn for_each_shuffled_batch<T: Send>(
     stat: impl Fn(&ShuffledBatch) -> Result<T> + Sync,
     mut add: impl FnMut(&[usize], T),
 ) -> Result<()> {
+    let ticks = order.ticks();
     let batches = shuffled_batch_list(vi.dim(0)?, batch, shuffles, order)?;
     for window in batches.chunks(PAR_WINDOW) {
         let out = par_map(window, |b| stat(&batch_of(vi, vt, b)?))?;
         for (b, t) in window.iter().zip(out) {
             add(b, t);
         }
+        ticks.add(window.iter().map(Vec::len).sum());
     }
     Ok(())
 }
@@ -415,20 +450,47 @@ mod tests {
         let vt = Tensor::from_vec(b.clone(), (n1 + n2, 4), &dev)?;
         let streams = Streams::new(11, "vanilla");
         let both = ScoreBlocks::new(&[n1, n2], 64);
-        let all = hinge_statistic(&vi, &vt, 64, 2, 0.2, Shuffles::Blocks(&both, &streams))?;
+        let all = hinge_statistic(
+            &vi,
+            &vt,
+            64,
+            2,
+            0.2,
+            Shuffles::Blocks(&both, &streams, Ticks::NONE),
+        )?;
         let second = ScoreBlocks::new(&[n2], 64);
         let (vi2, vt2) = (vi.narrow(0, n1, n2)?, vt.narrow(0, n1, n2)?);
-        let alone = hinge_statistic(&vi2, &vt2, 64, 2, 0.2, Shuffles::Blocks(&second, &streams))?;
+        let alone = hinge_statistic(
+            &vi2,
+            &vt2,
+            64,
+            2,
+            0.2,
+            Shuffles::Blocks(&second, &streams, Ticks::NONE),
+        )?;
         assert_eq!(&all[n1..], &alone[..]);
         // One block is the plain scoring stream: small data scores as before.
         let one = ScoreBlocks::new(&[n2], 64);
-        let blocked = hinge_statistic(&vi2, &vt2, 64, 2, 0.2, Shuffles::Blocks(&one, &streams))?;
+        let blocked = hinge_statistic(
+            &vi2,
+            &vt2,
+            64,
+            2,
+            0.2,
+            Shuffles::Blocks(&one, &streams, Ticks::NONE),
+        )?;
         let global = hinge_statistic(&vi2, &vt2, 64, 2, 0.2, (&mut streams.score()).into())?;
         assert_eq!(blocked, global);
         let wrong = ScoreBlocks::new(&[n2 - 1], 64);
-        assert!(
-            hinge_statistic(&vi2, &vt2, 64, 2, 0.2, Shuffles::Blocks(&wrong, &streams)).is_err()
-        );
+        assert!(hinge_statistic(
+            &vi2,
+            &vt2,
+            64,
+            2,
+            0.2,
+            Shuffles::Blocks(&wrong, &streams, Ticks::NONE)
+        )
+        .is_err());
         Ok(())
     }
 }
