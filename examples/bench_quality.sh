@@ -15,6 +15,7 @@
 #            random-0.6 random-0.7 hard-0.2 hard-0.5")
 #   LABEL    suffix of the row labels and run directories (default none)
 #   FIT_ARGS extra `ncclean fit` arguments for every method (e.g. --set ...)
+#   PROFILE  debug (default) or release: which build is measured
 set -euo pipefail
 cd "$(dirname "$0")/.."
 methods=("$@"); [ ${#methods[@]} -gt 0 ] || methods=(ridge vanilla esc gsc crcl)
@@ -29,11 +30,14 @@ cache=${NCCLEAN_BENCH_CACHE:-$out/cache}
 for f in "$data/train.parquet" "$data/test.parquet" "$cache"; do
   [ -e "$f" ] || { echo "missing $f: run examples/benchmarks.sh once first (it encodes the features)" >&2; exit 2; }
 done
-cargo build --quiet --bin ncclean
+# PROFILE=release measures the release build (cargo build --release); the
+# default is the dev build the rows before issue #10's ReCon work used.
+profile=${PROFILE:-debug}
+if [ "$profile" = release ]; then cargo build --quiet --release --bin ncclean; else cargo build --quiet --bin ncclean; fi
 mkdir -p "$out/quality"
 # A private copy: rebuilding the workspace during a run must not swap the binary.
 bin=$out/quality/ncclean-bench${label:+-$label}
-cp target/debug/ncclean "$bin"
+cp "target/$profile/ncclean" "$bin"
 towers=(--image-encoder mobilenet_v2 --image-model "$shared/models/mobilenet_v2/model.safetensors" --text-encoder minilm --cache-dir "$cache")
 
 # noisy_file MODE RATE: the corrupted training set (made once, seed 0).

@@ -285,3 +285,97 @@ fn fit_on_a_sample_trains_on_the_drawn_rows_of_every_file_and_records_them() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--sample must be at least 2"));
 }
+
+/// `(key, clean_prob, soft_label)` of every row of a filtered parquet file.
+fn filtered_rows(path: &Path) -> Vec<(String, Option<f32>, Option<f32>)> {
+    use arrow_array::{Array, Float32Array, StringArray};
+    let f = std::fs::File::open(path).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for b in reader {
+        let b = b.unwrap();
+        let col = |name: &str| {
+            b.column_by_name(name)
+                .unwrap_or_else(|| panic!("no {name}"))
+        };
+        let keys = col("key")
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap()
+            .clone();
+        let f32s = |name: &str| {
+            col(name)
+                .as_any()
+                .downcast_ref::<Float32Array>()
+                .unwrap()
+                .clone()
+        };
+        let (cp, sl) = (f32s("ncclean_clean_prob"), f32s("ncclean_soft_label"));
+        for i in 0..b.num_rows() {
+            let v = |a: &Float32Array| (!a.is_null(i)).then(|| a.value(i));
+            out.push((keys.value(i).to_string(), v(&cp), v(&sl)));
+        }
+    }
+    out
+}
+
+#[test]
+fn score_filtered_carries_each_kept_rows_label_values_across_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    ok(&[
+        "demo",
+        "--out",
+        p(&data),
+        "--pairs",
+        "400",
+        "--embedding-dim",
+        "8",
+        "--shards",
+        "2",
+        "--seed",
+        "0",
+    ]);
+    let run = dir.path().join("run");
+    let fitted = quick_fit(&data, &run, &["--method", "vanilla"]);
+    assert!(
+        fitted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fitted.stderr)
+    );
+    for refit in [false, true] {
+        let labels = dir.path().join(format!("labels-{refit}.parquet"));
+        let filtered = dir.path().join(format!("filtered-{refit}.parquet"));
+        let mut args = vec![
+            "score",
+            p(&data),
+            "--checkpoint",
+            p(&run),
+            "--out",
+            p(&labels),
+            "--filtered",
+            p(&filtered),
+        ];
+        if refit {
+            args.push("--refit");
+        }
+        ok(&args);
+        let (rows, _) = read_labels(&labels).unwrap();
+        let expected: Vec<(String, Option<f32>, Option<f32>)> = rows
+            .iter()
+            .filter(|l| l.is_clean)
+            .map(|l| (l.key.clone(), l.clean_prob, l.soft_label))
+            .collect();
+        let files: std::collections::BTreeSet<&str> = rows
+            .iter()
+            .filter(|l| l.is_clean)
+            .map(|l| l.source_file.as_str())
+            .collect();
+        assert_eq!(files.len(), 2, "kept rows from both shards");
+        assert!(expected.len() > 100 && expected.len() < 400);
+        assert_eq!(filtered_rows(&filtered), expected, "refit {refit}");
+    }
+}

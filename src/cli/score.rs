@@ -16,7 +16,7 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::data::{self, InputSet, LabelRow, LabelsWriter};
-use crate::engine::{keep_mask, Engine, LabelsSummary};
+use crate::engine::{join_by_position, Engine, LabelsSummary};
 use crate::error::{Error, Result};
 use crate::features::CacheOptions;
 use crate::progress::Reporter;
@@ -116,19 +116,15 @@ fn stream_file(
     cache: &CacheOptions,
     rep: &Reporter,
     out: &mut LabelsWriter,
-    mut keep: Option<&mut Vec<bool>>,
+    mut kept: Option<&mut Kept>,
 ) -> Result<(Counts, crate::threshold::Tally, f64)> {
     let mut total = Counts::default();
     let mut tally = crate::threshold::Tally::default();
     let mut seconds = 0.0;
     engine.score_file(input, cache, rep, |block| {
         out.write(&block.labels)?;
-        if let Some(keep) = keep.as_deref_mut() {
-            for l in &block.labels {
-                if let Some(slot) = keep.get_mut(l.source_row as usize) {
-                    *slot = l.is_clean;
-                }
-            }
+        if let Some(kept) = kept.as_deref_mut() {
+            kept.add(&block.labels);
         }
         total.add(&counts(&block.labels, block.pairs, block.noisy));
         tally.merge(&block.tally);
@@ -136,6 +132,44 @@ fn stream_file(
         Ok(())
     })?;
     Ok((total, tally, seconds))
+}
+
+/// What `--filtered` needs of the labels: each row's decision and label
+/// index per file, and the labels indexed. While labels stream past, only
+/// kept rows' values are held, without keys or messages.
+#[derive(Default)]
+struct Kept {
+    keep: Vec<Vec<bool>>,
+    label_of: Vec<Vec<u32>>,
+    labels: Vec<LabelRow>,
+}
+
+impl Kept {
+    /// The next input file, of `rows` rows.
+    fn start_file(&mut self, rows: usize) {
+        self.keep.push(vec![false; rows]);
+        self.label_of.push(vec![crate::engine::NO_LABEL; rows]);
+    }
+
+    /// Labels of the current file.
+    fn add(&mut self, labels: &[LabelRow]) {
+        let (Some(keep), Some(label_of)) = (self.keep.last_mut(), self.label_of.last_mut()) else {
+            return;
+        };
+        for l in labels.iter().filter(|l| l.is_clean) {
+            let row = l.source_row as usize;
+            if let (Some(k), Some(of)) = (keep.get_mut(row), label_of.get_mut(row)) {
+                *k = true;
+                *of = self.labels.len() as u32;
+                self.labels.push(LabelRow {
+                    key: String::new(),
+                    source_file: String::new(),
+                    error: None,
+                    ..*l
+                });
+            }
+        }
+    }
 }
 
 /// The input as a set of its file `i` alone (same columns and limits).
@@ -169,14 +203,20 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
     let mut total = Counts::default();
     let mut tally = crate::threshold::Tally::default();
     let mut seconds = 0.0;
-    let mut keep = Vec::with_capacity(input.files.len());
+    // `--filtered`: each file's decisions and kept rows' label values.
+    let mut kept = Kept::default();
     if a.refit {
         // The refitted mixture needs every pair's statistic at once.
         let prepared = engine.prepare(&input, &cache, rep)?;
         let scored = engine.score_rows(&input, &prepared, true, rep)?;
         writer.write(&scored.labels)?;
         if a.filtered.is_some() {
-            keep = keep_mask(&input, &scored.labels)?;
+            let joined = join_by_position(&input, &scored.labels, |l| l.is_clean, true)?;
+            kept = Kept {
+                keep: joined.keep,
+                label_of: joined.label_of,
+                labels: scored.labels.clone(),
+            };
         }
         let noisy = (scored.estimated_noise_rate * scored.pairs as f64).round() as usize;
         total = counts(&scored.labels, scored.pairs, noisy);
@@ -185,10 +225,11 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
     } else {
         for i in 0..input.files.len() {
             let piece = file_of(&input, i);
-            let mut file_keep = a.filtered.is_some().then(|| vec![false; piece.num_rows()]);
-            let (c, t, s) =
-                stream_file(engine, &piece, &cache, rep, &mut writer, file_keep.as_mut())?;
-            keep.extend(file_keep);
+            let filtered = a.filtered.is_some().then(|| {
+                kept.start_file(piece.num_rows());
+                &mut kept
+            });
+            let (c, t, s) = stream_file(engine, &piece, &cache, rep, &mut writer, filtered)?;
             total.add(&c);
             tally.merge(&t);
             seconds += s;
@@ -210,8 +251,19 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
     if let Some(f) = &a.filtered {
         let pending = crate::temp::Pending::new(f)?;
         let format = data::OutputFormat::choose(&input, f, None);
-        let written =
-            data::write_filtered_as(&input, &keep, pending.tmp_path(), &metadata, format, None)?;
+        let ann = data::Annotations {
+            labels: &kept.labels,
+            label_of: &kept.label_of,
+            decision: None,
+        };
+        let written = data::write_filtered_as(
+            &input,
+            &kept.keep,
+            pending.tmp_path(),
+            &metadata,
+            format,
+            Some(ann),
+        )?;
         filtered_rows = Some(written.rows_out);
         filtered_check = written.check(f);
         filtered_out = Some(pending);
