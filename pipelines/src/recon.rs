@@ -536,8 +536,6 @@ mod tests {
     use crate::test_support::{close, s3};
     use candle_core::Device;
     use candle_core::Var;
-    use ncclean_models::LocalOptions;
-    use ncclean_models::Pooling;
 
     #[test]
     fn infonce_and_matching_probability_hand_computed() -> Result<()> {
@@ -672,33 +670,11 @@ mod tests {
 
     #[test]
     fn every_parameter_is_trained_by_the_recon_losses() -> Result<()> {
-        use ncclean_models::{ImageInputs, TextInputs};
         let dev = Device::Cpu;
-        let cfg = ModelConfig {
-            image: ImageTowerConfig::DemoCnn {
-                image_size: 16,
-                width: 4,
-            },
-            text: TextTowerConfig::DemoBow {
-                vocab_size: 12,
-                dim: 6,
-            },
-            joint_dim: 5,
-            hidden: 7,
-            head: LocalOptions {
-                local: true,
-                pooling: Pooling::Gpo,
-                unit_inputs: false,
-            },
-        };
+        let cfg = crate::test_support::demo_local_model();
         let net = Net::new(&cfg, 2, &dev, 1e-3, 2.0)?;
-        let data = PairInputs {
-            images: ImageInputs::Pixels {
-                data: (0..3 * 3 * 256).map(|i| (i * 13 % 251) as u8).collect(),
-                size: 16,
-            },
-            texts: TextInputs::Tokens(vec![vec![2, 3], vec![4, 5, 6], vec![7, 8, 9, 10]]),
-        };
+        let data =
+            crate::test_support::pixel_pairs(vec![vec![2, 3], vec![4, 5, 6], vec![7, 8, 9, 10]]);
         let (s, im) = local_forward(&net, &data, &[0, 1, 2], 1.0)?;
         let cm = symmetric_infonce(&s, 0.1)?;
         let wc = Tensor::new(&[5f32, 5.0, 0.5], &dev)?;

@@ -714,33 +714,12 @@ mod tests {
     /// against what its score reports), for every method.
     #[test]
     fn scoring_progress_moves_through_the_pairs() -> Result<()> {
-        use ncclean_models::{ImageInputs, LocalOptions, Pooling, TextInputs};
         let global = (data(), crate::test_support::precomputed_model(6, 8, 16));
         let local = (
-            PairInputs {
-                images: ImageInputs::Pixels {
-                    data: (0..24 * 3 * 256).map(|i| (i * 13 % 251) as u8).collect(),
-                    size: 16,
-                },
-                texts: TextInputs::Tokens((0..24).map(|i| vec![2 + i % 9, 3, 4 + i % 5]).collect()),
-            },
-            ModelConfig {
-                image: ncclean_models::ImageTowerConfig::DemoCnn {
-                    image_size: 16,
-                    width: 4,
-                },
-                text: ncclean_models::TextTowerConfig::DemoBow {
-                    vocab_size: 16,
-                    dim: 6,
-                },
-                joint_dim: 5,
-                hidden: 7,
-                head: LocalOptions {
-                    local: true,
-                    pooling: Pooling::Gpo,
-                    unit_inputs: false,
-                },
-            },
+            crate::test_support::pixel_pairs(
+                (0..24).map(|i| vec![2 + i % 9, 3, 4 + i % 5]).collect(),
+            ),
+            crate::test_support::demo_local_model(),
         );
         for info in registry::METHODS {
             let (data, model) = if info.needs_local_features {

@@ -56,3 +56,39 @@ pub(crate) fn embedding_pairs(images: Vec<f32>, texts: Vec<f32>, dim: usize) -> 
         },
     }
 }
+
+/// The demo towers (a 16-pixel CNN of width 4, a bag of 12 words) with
+/// local heads and GPO pooling: the smallest model ReCon trains.
+pub(crate) fn demo_local_model() -> ModelConfig {
+    ModelConfig {
+        image: ImageTowerConfig::DemoCnn {
+            image_size: 16,
+            width: 4,
+        },
+        text: TextTowerConfig::DemoBow {
+            vocab_size: 12,
+            dim: 6,
+        },
+        joint_dim: 5,
+        hidden: 7,
+        head: ncclean_models::LocalOptions {
+            local: true,
+            pooling: ncclean_models::Pooling::Gpo,
+            unit_inputs: false,
+        },
+    }
+}
+
+/// `captions.len()` pairs of 16-pixel images (fixed pseudo-random bytes)
+/// and the given token captions, for [`demo_local_model`].
+pub(crate) fn pixel_pairs(captions: Vec<Vec<u32>>) -> PairInputs {
+    PairInputs {
+        images: ImageInputs::Pixels {
+            data: (0..captions.len() * 3 * 256)
+                .map(|i| (i * 13 % 251) as u8)
+                .collect(),
+            size: 16,
+        },
+        texts: TextInputs::Tokens(captions),
+    }
+}
