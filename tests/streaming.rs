@@ -43,6 +43,23 @@ fn bits(labels: &[LabelRow]) -> Vec<Bits> {
         .collect()
 }
 
+/// `pairs` demo pairs of 8-float embeddings in two shards under `out`.
+fn embedding_shards(out: &Path, pairs: usize) {
+    ok(&[
+        "demo",
+        "--out",
+        p(out),
+        "--pairs",
+        &pairs.to_string(),
+        "--embedding-dim",
+        "8",
+        "--shards",
+        "2",
+        "--seed",
+        "0",
+    ]);
+}
+
 /// One file of [`ROWS`] embedding pairs, every 997th caption emptied (an
 /// unusable row, so blocks and stretches of rows differ).
 fn big_file(dir: &Path) -> PathBuf {
@@ -145,19 +162,7 @@ fn score_streams_a_file_of_two_blocks_and_labels_it_as_fit_does() {
 fn fit_refuses_shards_with_different_columns_before_training() {
     let dir = tempfile::tempdir().unwrap();
     let demo = dir.path().join("demo");
-    ok(&[
-        "demo",
-        "--out",
-        p(&demo),
-        "--pairs",
-        "400",
-        "--embedding-dim",
-        "8",
-        "--shards",
-        "2",
-        "--seed",
-        "0",
-    ]);
+    embedding_shards(&demo, 400);
     let mut parts: Vec<PathBuf> = std::fs::read_dir(&demo)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -214,19 +219,7 @@ fn fit_refuses_shards_with_different_columns_before_training() {
 fn fit_on_a_sample_trains_on_the_drawn_rows_of_every_file_and_records_them() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    ok(&[
-        "demo",
-        "--out",
-        p(&data),
-        "--pairs",
-        "800",
-        "--embedding-dim",
-        "8",
-        "--shards",
-        "2",
-        "--seed",
-        "0",
-    ]);
+    embedding_shards(&data, 800);
     let fit = |name: &str, seed: &str| -> (Vec<(String, u64)>, serde_json::Value) {
         let run = dir.path().join(name);
         let out = quick_fit(
@@ -326,19 +319,7 @@ fn filtered_rows(path: &Path) -> Vec<(String, Option<f32>, Option<f32>)> {
 fn score_filtered_carries_each_kept_rows_label_values_across_shards() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    ok(&[
-        "demo",
-        "--out",
-        p(&data),
-        "--pairs",
-        "400",
-        "--embedding-dim",
-        "8",
-        "--shards",
-        "2",
-        "--seed",
-        "0",
-    ]);
+    embedding_shards(&data, 400);
     let run = dir.path().join("run");
     let fitted = quick_fit(&data, &run, &["--method", "vanilla"]);
     assert!(

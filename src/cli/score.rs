@@ -210,18 +210,18 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
         let prepared = engine.prepare(&input, &cache, rep)?;
         let scored = engine.score_rows(&input, &prepared, true, rep)?;
         writer.write(&scored.labels)?;
+        let noisy = (scored.estimated_noise_rate * scored.pairs as f64).round() as usize;
+        total = counts(&scored.labels, scored.pairs, noisy);
+        tally.merge(&scored.tally);
+        seconds = scored.seconds;
         if a.filtered.is_some() {
             let joined = join_by_position(&input, &scored.labels, |l| l.is_clean, true)?;
             kept = Kept {
                 keep: joined.keep,
                 label_of: joined.label_of,
-                labels: scored.labels.clone(),
+                labels: scored.labels,
             };
         }
-        let noisy = (scored.estimated_noise_rate * scored.pairs as f64).round() as usize;
-        total = counts(&scored.labels, scored.pairs, noisy);
-        tally.merge(&scored.tally);
-        seconds = scored.seconds;
     } else {
         for i in 0..input.files.len() {
             let piece = file_of(&input, i);
