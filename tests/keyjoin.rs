@@ -461,6 +461,117 @@ fn duplicate_and_missing_keys_are_refused() {
     assert!(!out.exists());
 }
 
+/// A DataComp-style uid: 32 hex digits.
+fn uid_of(i: usize) -> String {
+    format!("{:032x}", (i as u128 * 0x9e3779b97f4a7c15) << 3)
+}
+
+/// Rows `ids` (images `i<id>`, captions `c<id>`) keyed by column
+/// `key_col` holding `key`.
+fn pool_shard(path: &Path, ids: &[usize], key_col: &str, key: ArrayRef) {
+    let jpg = BinaryArray::from_iter_values(ids.iter().map(|i| format!("i{i}")));
+    let caption = StringArray::from_iter_values(ids.iter().map(|i| format!("c{i}")));
+    write_parquet(
+        path,
+        vec![
+            ("jpg", Arc::new(jpg)),
+            ("caption", Arc::new(caption)),
+            (key_col, key),
+        ],
+    );
+}
+
+/// Rows `ids` as a DataComp-like shard keyed by `uid`.
+fn uid_shard(path: &Path, ids: &[usize]) {
+    let uids = StringArray::from_iter_values(ids.iter().map(|&i| uid_of(i)));
+    pool_shard(path, ids, "uid", Arc::new(uids));
+}
+
+/// Labels of rows `ids` keyed by uid, the even ones clean; returns their path.
+fn uid_labels(dir: &Path, ids: &[usize]) -> PathBuf {
+    let labels: Vec<LabelRow> = ids
+        .iter()
+        .map(|&i| LabelRow {
+            is_clean: i % 2 == 0,
+            ..label(i, uid_of(i), "pool.parquet", i)
+        })
+        .collect();
+    let lp = dir.join("labels.parquet");
+    write_labels(&lp, &labels, &BTreeMap::new()).unwrap();
+    lp
+}
+
+/// `--uids-out` with `--out-dir` writes the uids of every filtered shard,
+/// those an earlier run finished included: the same file as one `--out`
+/// over the same rows. Split between workers it is refused with what to do.
+#[test]
+fn uids_out_with_out_dir_covers_every_shard() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ids: Vec<usize> = (0..20).collect();
+    let shards = tmp.path().join("shards");
+    std::fs::create_dir_all(&shards).unwrap();
+    uid_shard(&shards.join("a.parquet"), &ids[..12]);
+    uid_shard(&shards.join("b.parquet"), &ids[12..]);
+    let lp = uid_labels(tmp.path(), &ids);
+    let one = tmp.path().join("one.npy");
+    let key = ["--key-col", "uid", "--uids-out"];
+    let mut args = key.to_vec();
+    args.push(p(&one));
+    succeeded(&filter(
+        &[p(&shards)],
+        &lp,
+        &tmp.path().join("f.parquet"),
+        &args,
+    ));
+    let dir = tmp.path().join("out");
+    let many = tmp.path().join("many.npy");
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "filter",
+            p(&shards),
+            "--labels",
+            p(&lp),
+            "--out-dir",
+            p(&dir),
+        ];
+        a.extend_from_slice(&key);
+        a.push(p(&many));
+        a.extend_from_slice(extra);
+        ncclean(&a)
+    };
+    // Worker 0 of 2 filters a.parquet only, and may not write uids.
+    let res = run(&["--num-shards", "2", "--shard-index", "0"]);
+    assert_eq!(res.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&res.stderr);
+    assert!(err.contains("without --num-shards"), "{err}");
+    let mut worker = vec![
+        "filter",
+        p(&shards),
+        "--labels",
+        p(&lp),
+        "--out-dir",
+        p(&dir),
+    ];
+    worker.extend_from_slice(&[
+        "--key-col",
+        "uid",
+        "--num-shards",
+        "2",
+        "--shard-index",
+        "0",
+    ]);
+    succeeded(&ncclean(&worker));
+    assert!(!dir.join("b.parquet").exists());
+    // The run without workers finishes b.parquet and writes every shard's uids.
+    let log = succeeded(&run(&[]));
+    assert!(log.contains("1 filtered now, 1 already done"), "{log}");
+    assert!(log.contains("wrote 10 uids"), "{log}");
+    let (a, b) = (std::fs::read(&one).unwrap(), std::fs::read(&many).unwrap());
+    assert_eq!(a, b);
+    // Ten 16-byte uids after the header.
+    assert_eq!(b.len() % 16, 0);
+}
+
 /// DataComp subset export: numpy loads the kept uids, sorted.
 #[test]
 fn uids_out_writes_the_datacomp_subset() {
@@ -473,39 +584,10 @@ fn uids_out_writes_the_datacomp_subset() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let uid = |i: usize| format!("{:032x}", (i as u128 * 0x9e3779b97f4a7c15) << 3);
     let data = tmp.path().join("pool.parquet");
     let ids: Vec<usize> = (0..20).collect();
-    write_parquet(
-        &data,
-        vec![
-            (
-                "jpg",
-                Arc::new(BinaryArray::from_iter_values(
-                    ids.iter().map(|i| format!("i{i}")),
-                )),
-            ),
-            (
-                "caption",
-                Arc::new(StringArray::from_iter_values(
-                    ids.iter().map(|i| format!("c{i}")),
-                )),
-            ),
-            (
-                "uid",
-                Arc::new(StringArray::from_iter_values(ids.iter().map(|&i| uid(i)))),
-            ),
-        ],
-    );
-    let labels: Vec<LabelRow> = ids
-        .iter()
-        .map(|&i| LabelRow {
-            is_clean: i % 2 == 0,
-            ..label(i, uid(i), "pool.parquet", i)
-        })
-        .collect();
-    let lp = tmp.path().join("labels.parquet");
-    write_labels(&lp, &labels, &BTreeMap::new()).unwrap();
+    uid_shard(&data, &ids);
+    let lp = uid_labels(tmp.path(), &ids);
     let npy = tmp.path().join("subset.npy");
     let log = succeeded(&filter(
         &[p(&data)],
@@ -531,7 +613,7 @@ fn uids_out_writes_the_datacomp_subset() {
     let mut want: Vec<String> = ids
         .iter()
         .filter(|&&i| i % 2 == 0)
-        .map(|&i| uid(i))
+        .map(|&i| uid_of(i))
         .collect();
     want.sort();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want.join(" "));
@@ -570,4 +652,168 @@ fn fit_refuses_and_inspect_reports_duplicate_keys() {
     );
     assert!(err.contains("--key-col"), "{err}");
     assert!(!run.join("labels.parquet").exists());
+}
+
+/// Every cell of column `name` as text, whatever arrow type the writer
+/// chose for it (polars writes large strings and binaries where arrow-rs
+/// writes small ones), so two engines' outputs compare by value.
+#[cfg(feature = "polars")]
+fn cells(batch: &RecordBatch, name: &str) -> Vec<Option<String>> {
+    use arrow_schema::DataType;
+    let c = batch
+        .column_by_name(name)
+        .unwrap_or_else(|| panic!("no column {name}"));
+    (0..c.len())
+        .map(|i| {
+            (!c.is_null(i)).then(|| match c.data_type() {
+                DataType::Utf8 => c.as_string::<i32>().value(i).to_string(),
+                DataType::LargeUtf8 => c.as_string::<i64>().value(i).to_string(),
+                DataType::Utf8View => c.as_string_view().value(i).to_string(),
+                DataType::Binary => format!("{:?}", c.as_binary::<i32>().value(i)),
+                DataType::LargeBinary => format!("{:?}", c.as_binary::<i64>().value(i)),
+                DataType::BinaryView => format!("{:?}", c.as_binary_view().value(i)),
+                DataType::Float32 => c.as_primitive::<Float32Type>().value(i).to_string(),
+                DataType::Int64 => c
+                    .as_primitive::<arrow_array::types::Int64Type>()
+                    .value(i)
+                    .to_string(),
+                DataType::Boolean => c.as_boolean().value(i).to_string(),
+                other => panic!("column {name}: no comparison for {other}"),
+            })
+        })
+        .collect()
+}
+
+/// The two outputs hold the same columns in the same order, and the same
+/// values row by row.
+#[cfg(feature = "polars")]
+fn assert_same_table(native: &Path, polars: &Path) {
+    let (a, meta_a) = read_all(native);
+    let (b, meta_b) = read_all(polars);
+    let names = |r: &RecordBatch| -> Vec<String> {
+        r.schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect()
+    };
+    assert_eq!(names(&a), names(&b));
+    assert_eq!(a.num_rows(), b.num_rows());
+    for n in names(&a) {
+        assert_eq!(cells(&a, &n), cells(&b, &n), "column {n}");
+    }
+    for k in ["ncclean.filter.rule", "ncclean.filter.fingerprint"] {
+        assert_eq!(meta_a.get(k), meta_b.get(k), "{k}");
+        assert!(meta_b.contains_key(k), "{k}");
+    }
+}
+
+/// `--engine polars` (a polars scan, key join and streaming sink) writes
+/// the table the default engine writes: for a resharded, shuffled copy,
+/// under the labels' is_clean, a cut rule and --all-rows, and when a file
+/// filtered before (which carries the label columns) is filtered again.
+#[cfg(feature = "polars")]
+#[test]
+fn polars_engine_writes_what_the_native_engine_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, labels) = original(tmp.path(), true);
+    let re = tmp.path().join("re");
+    std::fs::create_dir_all(&re).unwrap();
+    let order: Vec<usize> = (0..ROWS).map(|i| (i * 37) % ROWS).collect();
+    shard(&re.join("part-0.parquet"), &order[..17], true);
+    shard(&re.join("part-1.parquet"), &order[17..41], true);
+    shard(&re.join("part-2.parquet"), &order[41..], true);
+    for (case, extra) in [
+        ("is_clean", &[][..]),
+        ("cut", &["--min-prob", "0.3"][..]),
+        ("all", &["--all-rows"][..]),
+    ] {
+        let native = tmp.path().join(format!("{case}-native.parquet"));
+        let polars = tmp.path().join(format!("{case}-polars.parquet"));
+        succeeded(&filter(&[p(&re)], &labels, &native, extra));
+        let mut with_engine = extra.to_vec();
+        with_engine.extend_from_slice(&["--engine", "polars"]);
+        succeeded(&filter(&[p(&re)], &labels, &polars, &with_engine));
+        assert_same_table(&native, &polars);
+    }
+    let kept = read_all(&tmp.path().join("cut-polars.parquet")).0;
+    let mut want: Vec<Option<String>> = (30..ROWS).map(|i| Some(key_of(i))).collect();
+    let mut got = cells(&kept, "key");
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+
+    // Filtered again: the label columns it carries are replaced, not doubled.
+    let once = tmp.path().join("is_clean-native.parquet");
+    let native = tmp.path().join("again-native.parquet");
+    let polars = tmp.path().join("again-polars.parquet");
+    succeeded(&filter(
+        &[p(&once)],
+        &labels,
+        &native,
+        &["--min-prob", "0.5"],
+    ));
+    succeeded(&filter(
+        &[p(&once)],
+        &labels,
+        &polars,
+        &["--min-prob", "0.5", "--engine", "polars"],
+    ));
+    assert_same_table(&native, &polars);
+    assert!(read_all(&polars).0.num_rows() > 0);
+}
+
+/// Integer keys join the labels' decimal strings in both engines, and the
+/// polars engine refuses, with the way out, what it cannot join: rows
+/// without a key column.
+#[cfg(feature = "polars")]
+#[test]
+fn polars_engine_casts_integer_keys_and_refuses_positional_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("ints.parquet");
+    let ids: Vec<usize> = (0..ROWS).rev().collect();
+    let keys = Int64Array::from_iter_values(ids.iter().map(|&i| i as i64));
+    pool_shard(&data, &ids, "key", Arc::new(keys));
+    let labels: Vec<LabelRow> = (0..ROWS)
+        .map(|i| label(i, i.to_string(), "ints.parquet", ROWS - 1 - i))
+        .collect();
+    let lp = tmp.path().join("labels.parquet");
+    write_labels(&lp, &labels, &BTreeMap::new()).unwrap();
+    let native = tmp.path().join("native.parquet");
+    let polars = tmp.path().join("polars.parquet");
+    succeeded(&filter(&[p(&data)], &lp, &native, &[]));
+    succeeded(&filter(&[p(&data)], &lp, &polars, &["--engine", "polars"]));
+    assert_same_table(&native, &polars);
+    assert_eq!(read_all(&polars).0.num_rows(), clean_keys().len());
+
+    let (files, positional) = original(&tmp.path().join("nokey"), false);
+    let out = tmp.path().join("none.parquet");
+    let res = filter(
+        &[p(&files[0]), p(&files[1])],
+        &positional,
+        &out,
+        &["--engine", "polars"],
+    );
+    assert_eq!(res.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&res.stderr);
+    assert!(err.contains("joins on a key column"), "{err}");
+    assert!(err.contains("leave out --engine polars"), "{err}");
+    assert!(!out.exists());
+}
+
+/// A build without the `polars` feature says how to get one.
+#[cfg(not(feature = "polars"))]
+#[test]
+fn polars_engine_needs_the_polars_build() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (files, labels) = original(tmp.path(), true);
+    let out = tmp.path().join("f.parquet");
+    let res = filter(
+        &[p(&files[0]), p(&files[1])],
+        &labels,
+        &out,
+        &["--engine", "polars"],
+    );
+    common::snapshot::assert_snapshot("filter_engine_polars_without_feature", &res, tmp.path());
+    assert!(!out.exists());
 }

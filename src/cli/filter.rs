@@ -56,9 +56,39 @@ pub struct FilterArgs {
     /// Also write the kept rows' keys as a DataComp subset file: a .npy
     /// array of dtype u8,u8 holding the sorted 128-bit uids, for DataComp's
     /// resharder (--subset-file). Keys must be DataComp uids (32 hex
-    /// digits; --key-col uid).
-    #[arg(long, value_name = "FILE.npy", conflicts_with = "out_dir")]
+    /// digits; --key-col uid). With --out-dir, the uids of every filtered
+    /// shard in DIR (finished earlier or now); not with --num-shards.
+    #[arg(long, value_name = "FILE.npy")]
     pub uids_out: Option<PathBuf>,
+    /// What moves the kept rows into the output. native: ncclean's arrow-rs
+    /// writer (reads around damaged row groups, writes tar). polars: one
+    /// polars lazy query (parquet scan, key join, streaming sink); needs a
+    /// build with `--features polars`, parquet shards and a key column.
+    /// Both keep the same rows: the labels are checked and joined by key
+    /// the same way first.
+    #[arg(long, value_enum, default_value_t = FilterEngine::Native)]
+    pub engine: FilterEngine,
+}
+
+/// `filter --engine`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FilterEngine {
+    /// ncclean's arrow-rs writer.
+    Native,
+    /// A polars lazy query (optional `polars` feature).
+    Polars,
+}
+
+/// Why a build without the `polars` feature cannot run `--engine polars`.
+const NO_POLARS: &str = "this ncclean was built without polars: rebuild it with \
+    `cargo install --path . --features polars` (several minutes more of build), or leave out --engine polars";
+
+/// Whether this build can run `engine`, and if not how to get one.
+fn check_engine(engine: FilterEngine) -> Result<()> {
+    if engine == FilterEngine::Polars && !cfg!(feature = "polars") {
+        return Err(Error::Usage(NO_POLARS.into()));
+    }
+    Ok(())
 }
 
 /// The rule that decides which rows are kept.
@@ -82,6 +112,7 @@ impl std::fmt::Display for Rule {
 
 pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
     a.threshold.rule()?;
+    check_engine(a.engine)?;
     match (&a.out_dir, &a.out) {
         (Some(dir), _) => run_shards(&a, dir, rep),
         (None, Some(out)) => run_one(&a, out, rep),
@@ -162,6 +193,10 @@ fn write_joined(
     } else {
         (&joined.keep, None)
     };
+    if a.engine == FilterEngine::Polars {
+        let s = write_polars(a, input, index, &joined, rule, out, format, &meta)?;
+        return Ok((s, joined));
+    }
     let ann = data::Annotations {
         labels: index.labels(),
         label_of: &joined.label_of,
@@ -169,6 +204,42 @@ fn write_joined(
     };
     let s = data::write_filtered_as(input, mask, out, &meta, format, Some(ann))?;
     Ok((s, joined))
+}
+
+/// The filtered output written by the polars engine (refused with how to
+/// get it in a build without the `polars` feature).
+#[allow(clippy::too_many_arguments)]
+fn write_polars(
+    a: &FilterArgs,
+    input: &data::InputSet,
+    index: &LabelIndex<'_>,
+    joined: &crate::engine::Joined,
+    rule: Rule,
+    out: &Path,
+    format: data::OutputFormat,
+    meta: &BTreeMap<String, String>,
+) -> Result<data::FilterSummary> {
+    if format != data::OutputFormat::Parquet {
+        return Err(Error::Usage(format!(
+            "{}: --engine polars writes parquet; leave out --engine polars for tar output",
+            out.display()
+        )));
+    }
+    let keep_label: Vec<bool> = index.labels().iter().map(|l| keeps(rule, l)).collect();
+    #[cfg(feature = "polars")]
+    return crate::engine::PolarsFilter {
+        input,
+        labels: index.labels(),
+        keep_label: &keep_label,
+        joined,
+        all_rows: a.all_rows,
+    }
+    .write(out, meta);
+    #[cfg(not(feature = "polars"))]
+    {
+        let _ = (a, input, joined, keep_label, meta);
+        Err(Error::Usage(NO_POLARS.into()))
+    }
 }
 
 /// `--all-rows` needs parquet output: a tar has no place for the label
@@ -254,6 +325,14 @@ fn file_sha256(path: &Path) -> Result<String> {
 /// `--out-dir`: one filtered shard and marker per input shard. `--labels`
 /// is one file for all shards, or a directory of per-shard labels.
 fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
+    if a.uids_out.is_some() && a.shards.num_shards.is_some_and(|n| n > 1) {
+        return Err(Error::Usage(
+            "--uids-out with --num-shards: each worker filters only its own shards. When every worker is done, \
+             run the same filter once more without --num-shards and --shard-index: it skips the finished shards \
+             and writes the uids of all of them"
+                .into(),
+        ));
+    }
     let shards = a.shards.select(&a.data.data, a.data.discovery())?;
     crate::shards::prepare_out_dir(dir, &shards)?;
     let per_shard = a.labels.is_dir();
@@ -368,6 +447,10 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
             })
         },
     )?;
+    if let Some(path) = &a.uids_out {
+        let n = write_shard_uids(a, dir, &shards, path)?;
+        rep.info(&format!("wrote {n} uids to {}", path.display()));
+    }
     let c = summary.counts;
     rep.info(&format!(
         "{} shards: {} filtered now, {} already done; kept {} of {} rows ({rule})",
@@ -389,6 +472,45 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// `--uids-out` with `--out-dir`: the keys of every filtered shard in
+/// `dir` (those finished by an earlier run included), read back from the
+/// outputs, which hold exactly the kept rows.
+fn write_shard_uids(
+    a: &FilterArgs,
+    dir: &Path,
+    shards: &[crate::shards::Shard],
+    path: &Path,
+) -> Result<usize> {
+    let outputs: Vec<PathBuf> = shards
+        .iter()
+        .map(|s| {
+            let ext = match shard_format(a.format, &s.path) {
+                data::OutputFormat::Tar => "tar",
+                data::OutputFormat::Parquet => "parquet",
+            };
+            crate::shards::output_path_as(dir, &s.stem, ext)
+        })
+        .collect();
+    let out = data::InputSet::open(&outputs, &a.data.column_options())?;
+    let mut uids = Vec::new();
+    for (f, file) in out.files.iter().enumerate() {
+        data::for_each_key(&out, f, |first, keys| {
+            for (i, k) in keys.into_iter().enumerate() {
+                let Some(k) = k else {
+                    return Err(Error::InvalidInput(format!(
+                        "{}: row {} has no key; --uids-out needs data keyed by DataComp's uid column (--key-col uid)",
+                        file.path.display(),
+                        first + i
+                    )));
+                };
+                uids.push(k);
+            }
+            Ok(())
+        })?;
+    }
+    data::write_uids_npy(path, &uids)
 }
 
 /// A per-shard output's format: `--format`, else the shard's own (a tar

@@ -5,11 +5,10 @@
 //! The join is a hash map of the labels' keys probed by the data's keys,
 //! read on their own; the rows themselves are then streamed by the
 //! arrow-rs writer that already reads around damaged row groups, invalid
-//! UTF-8 and tar shards. Polars was weighed for this (lazy scan, join,
-//! streaming sink) and not taken: it talks to arrow-rs only through the C
-//! data interface, so those readers would be duplicated or bypassed, and
-//! it costs minutes of cold build and megabytes of binary for what one
-//! hash map does here.
+//! UTF-8 and tar shards, or (`filter --engine polars`, the optional
+//! `polars` feature) by a polars query, see [`super::PolarsFilter`]. Either
+//! way this join decides: it checks keys and names the problems, so both
+//! engines keep the same rows and refuse the same inputs.
 
 use std::collections::HashMap;
 

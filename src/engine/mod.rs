@@ -23,6 +23,8 @@ mod fit;
 mod join;
 mod keep;
 mod labels;
+#[cfg(feature = "polars")]
+mod polars_filter;
 mod prepare;
 mod stream;
 
@@ -31,6 +33,8 @@ pub use fit::{fit, FitOptions, FitSummary};
 pub use join::{FingerprintCheck, Joined, LabelIndex, Positional, NO_LABEL};
 pub use keep::{join_by_position, keep_mask, keep_mask_by};
 pub use labels::config_hash;
+#[cfg(feature = "polars")]
+pub use polars_filter::PolarsFilter;
 pub use prepare::{
     image_identity, prepare_for, scan, Prepared, PreparedRun, Preparer, RowRecord, READ_BATCH_ROWS,
 };
