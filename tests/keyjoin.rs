@@ -817,3 +817,73 @@ fn polars_engine_needs_the_polars_build() {
     common::snapshot::assert_snapshot("filter_engine_polars_without_feature", &res, tmp.path());
     assert!(!out.exists());
 }
+
+/// What the polars engine cannot read is refused, and nothing is left
+/// behind: shards with other columns (in the default engine's words) and a
+/// damaged page, which the default engine reads around (exit 4, the rows
+/// of that row group missing) and polars cannot (exit 1, pointing to it).
+#[cfg(feature = "polars")]
+#[test]
+fn polars_engine_refuses_mixed_and_damaged_shards_without_output() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (files, labels) = original(tmp.path(), true);
+    let odd = tmp.path().join("odd");
+    std::fs::create_dir_all(&odd).unwrap();
+    shard(&odd.join("a.parquet"), &(0..30).collect::<Vec<_>>(), true);
+    let ids: Vec<usize> = (30..ROWS).collect();
+    let column = |f: &dyn Fn(usize) -> String| -> ArrayRef {
+        Arc::new(StringArray::from_iter_values(ids.iter().map(|&i| f(i))))
+    };
+    write_parquet(
+        &odd.join("b.parquet"),
+        vec![
+            (
+                "jpg",
+                Arc::new(BinaryArray::from_iter_values(
+                    ids.iter().map(|i| format!("img{i}")),
+                )),
+            ),
+            ("caption", column(&|i| format!("caption {i}"))),
+            ("key", column(&key_of)),
+            ("extra", column(&|i| i.to_string())),
+        ],
+    );
+    let out = tmp.path().join("f.parquet");
+    let native = filter(&[p(&odd)], &labels, &out, &[]);
+    let polars = filter(&[p(&odd)], &labels, &out, &["--engine", "polars"]);
+    assert_eq!(native.status.code(), Some(3));
+    assert_eq!(polars.status.code(), native.status.code());
+    let last = |o: &std::process::Output| {
+        let e = String::from_utf8_lossy(&o.stderr).into_owned();
+        e.lines().last().unwrap_or_default().to_string()
+    };
+    assert!(
+        last(&polars).contains("have different columns"),
+        "{}",
+        last(&polars)
+    );
+    assert_eq!(last(&polars), last(&native));
+
+    common::hostile::corrupt_page(&files[1], 0, "jpg");
+    let res = filter(
+        &[p(&files[0]), p(&files[1])],
+        &labels,
+        &out,
+        &["--engine", "polars"],
+    );
+    assert_eq!(res.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&res.stderr);
+    assert!(
+        err.contains("polars could not filter the 2 input file(s)"),
+        "{err}"
+    );
+    assert!(err.contains("leave out --engine polars"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.') || n.starts_with("f."))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let native = filter(&[p(&files[0]), p(&files[1])], &labels, &out, &[]);
+    assert_eq!(native.status.code(), Some(4));
+}

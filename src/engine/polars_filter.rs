@@ -49,6 +49,8 @@ impl PolarsFilter<'_> {
     /// with `meta` as the parquet file's key-value metadata.
     pub fn write(&self, out: &Path, meta: &BTreeMap<String, String>) -> Result<FilterSummary> {
         let key = self.check_supported()?;
+        // The same refusal, in the same words, as the default engine.
+        crate::data::check_same_schema(self.input)?;
         let rows_in: usize = self.input.files.iter().map(|f| f.num_rows).sum();
         let expected = if self.all_rows {
             rows_in
@@ -241,7 +243,7 @@ fn parquet_rows(path: &Path) -> Result<usize> {
 fn polars_error(input: &InputSet, e: &PolarsError) -> Error {
     let files = input.files.len();
     Error::Other(anyhow::anyhow!(
-        "polars could not filter the {files} input file(s): {e}. \
-         The default engine (leave out --engine polars) reads around damaged row groups and differing shard schemas"
+        "polars could not filter the {files} input file(s) ({e}); \
+         the default engine (leave out --engine polars) reads around damaged row groups and names them"
     ))
 }
