@@ -736,6 +736,28 @@ fn polars_engine_writes_what_the_native_engine_writes() {
         succeeded(&filter(&[p(&re)], &labels, &polars, &with_engine));
         assert_same_table(&native, &polars);
     }
+    // One output per shard (--out-dir) from one labels file.
+    for engine in ["native", "polars"] {
+        let dir = tmp.path().join(format!("dir-{engine}"));
+        let out = ncclean(&[
+            "filter",
+            p(&re),
+            "--labels",
+            p(&labels),
+            "--out-dir",
+            p(&dir),
+            "--engine",
+            engine,
+        ]);
+        succeeded(&out);
+    }
+    for part in ["part-0", "part-1", "part-2"] {
+        let file = format!("{part}.parquet");
+        assert_same_table(
+            &tmp.path().join("dir-native").join(&file),
+            &tmp.path().join("dir-polars").join(&file),
+        );
+    }
     let kept = read_all(&tmp.path().join("cut-polars.parquet")).0;
     let mut want: Vec<Option<String>> = (30..ROWS).map(|i| Some(key_of(i))).collect();
     let mut got = cells(&kept, "key");
