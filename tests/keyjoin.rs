@@ -161,6 +161,13 @@ fn filter(data: &[&str], labels: &Path, out: &Path, extra: &[&str]) -> std::proc
     ncclean(&args)
 }
 
+/// The stderr of a run that must have exited with `code`.
+fn failed(out: &std::process::Output, code: i32) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(code), "{err}");
+    err
+}
+
 fn succeeded(out: &std::process::Output) -> String {
     assert!(
         out.status.success(),
@@ -265,8 +272,7 @@ fn positional_keys_need_the_same_bytes() {
         false,
     );
     let res = filter(&[p(&copy)], &labels, &tmp.path().join("g.parquet"), &[]);
-    assert_eq!(res.status.code(), Some(3));
-    let err = String::from_utf8_lossy(&res.stderr);
+    let err = failed(&res, 3);
     assert!(err.contains("60 rows have no key of their own"), "{err}");
     assert!(err.contains("--key-col"), "{err}");
     assert!(!tmp.path().join("g.parquet").exists());
@@ -402,8 +408,7 @@ fn all_rows_carry_namespaced_labels_and_the_decision() {
         &tmp.path().join("all.tar"),
         &["--all-rows", "--format", "tar"],
     );
-    assert_eq!(res.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&res.stderr).contains("--all-rows writes parquet"));
+    assert!(failed(&res, 2).contains("--all-rows writes parquet"));
 }
 
 /// Issue #14 items 1 and 9: duplicate keys in labels or data, and rows
@@ -425,8 +430,7 @@ fn duplicate_and_missing_keys_are_refused() {
     write_labels(&dup_path, &dup, &meta).unwrap();
     let out = tmp.path().join("f.parquet");
     let res = filter(&[p(&files[0]), p(&files[1])], &dup_path, &out, &[]);
-    assert_eq!(res.status.code(), Some(3));
-    let err = String::from_utf8_lossy(&res.stderr);
+    let err = failed(&res, 3);
     assert!(
         err.contains("the labels hold 60 rows but only 10 distinct keys"),
         "{err}"
@@ -435,8 +439,7 @@ fn duplicate_and_missing_keys_are_refused() {
     let part = tmp.path().join("part.parquet");
     write_labels(&part, &rows[..50], &meta).unwrap();
     let res = filter(&[p(&files[0]), p(&files[1])], &part, &out, &[]);
-    assert_eq!(res.status.code(), Some(3));
-    let err = String::from_utf8_lossy(&res.stderr);
+    let err = failed(&res, 3);
     assert!(
         err.contains("10 of the 60 input rows have no label (e.g. keys \"s050\""),
         "{err}"
@@ -452,8 +455,7 @@ fn duplicate_and_missing_keys_are_refused() {
     );
     shard(&twice.join("y.parquet"), &[3, 4], true);
     let res = filter(&[p(&twice)], &labels, &out, &[]);
-    assert_eq!(res.status.code(), Some(3));
-    let err = String::from_utf8_lossy(&res.stderr);
+    let err = failed(&res, 3);
     assert!(
         err.contains("2 input rows repeat a key another row has (e.g. \"s003\", \"s004\")"),
         "{err}"
@@ -541,8 +543,7 @@ fn uids_out_with_out_dir_covers_every_shard() {
     };
     // Worker 0 of 2 filters a.parquet only, and may not write uids.
     let res = run(&["--num-shards", "2", "--shard-index", "0"]);
-    assert_eq!(res.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&res.stderr);
+    let err = failed(&res, 2);
     assert!(err.contains("without --num-shards"), "{err}");
     let mut worker = vec![
         "filter",
@@ -644,8 +645,7 @@ fn fit_refuses_and_inspect_reports_duplicate_keys() {
 
     let run = tmp.path().join("run");
     let res = common::quick_fit(&dup, &run, &[]);
-    assert_eq!(res.status.code(), Some(3));
-    let err = String::from_utf8_lossy(&res.stderr);
+    let err = failed(&res, 3);
     assert!(
         err.contains("200 rows have only 20 distinct keys (e.g. \"k0\""),
         "{err}"
@@ -816,8 +816,7 @@ fn polars_engine_casts_integer_keys_and_refuses_positional_ones() {
         &out,
         &["--engine", "polars"],
     );
-    assert_eq!(res.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&res.stderr);
+    let err = failed(&res, 2);
     assert!(err.contains("joins on a key column"), "{err}");
     assert!(err.contains("leave out --engine polars"), "{err}");
     assert!(!out.exists());
@@ -873,18 +872,10 @@ fn polars_engine_refuses_mixed_and_damaged_shards_without_output() {
     let out = tmp.path().join("f.parquet");
     let native = filter(&[p(&odd)], &labels, &out, &[]);
     let polars = filter(&[p(&odd)], &labels, &out, &["--engine", "polars"]);
-    assert_eq!(native.status.code(), Some(3));
-    assert_eq!(polars.status.code(), native.status.code());
-    let last = |o: &std::process::Output| {
-        let e = String::from_utf8_lossy(&o.stderr).into_owned();
-        e.lines().last().unwrap_or_default().to_string()
-    };
-    assert!(
-        last(&polars).contains("have different columns"),
-        "{}",
-        last(&polars)
-    );
-    assert_eq!(last(&polars), last(&native));
+    let last = |e: String| e.lines().last().unwrap_or_default().to_string();
+    let (native, polars) = (last(failed(&native, 3)), last(failed(&polars, 3)));
+    assert!(polars.contains("have different columns"), "{polars}");
+    assert_eq!(polars, native);
 
     common::hostile::corrupt_page(&files[1], 0, "jpg");
     let res = filter(
@@ -893,8 +884,7 @@ fn polars_engine_refuses_mixed_and_damaged_shards_without_output() {
         &out,
         &["--engine", "polars"],
     );
-    assert_eq!(res.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&res.stderr);
+    let err = failed(&res, 1);
     assert!(
         err.contains("polars could not filter the 2 input file(s)"),
         "{err}"
@@ -906,6 +896,8 @@ fn polars_engine_refuses_mixed_and_damaged_shards_without_output() {
         .filter(|n| n.starts_with('.') || n.starts_with("f."))
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
-    let native = filter(&[p(&files[0]), p(&files[1])], &labels, &out, &[]);
-    assert_eq!(native.status.code(), Some(4));
+    failed(
+        &filter(&[p(&files[0]), p(&files[1])], &labels, &out, &[]),
+        4,
+    );
 }

@@ -186,6 +186,10 @@ fn write_joined(
         "ncclean.filter.fingerprint".to_string(),
         check.tag().to_string(),
     );
+    if a.engine == FilterEngine::Polars {
+        let s = write_polars(a, input, index, &joined, rule, out, format, &meta)?;
+        return Ok((s, joined));
+    }
     let all: Vec<Vec<bool>>;
     let (mask, decision) = if a.all_rows {
         all = joined.keep.iter().map(|k| vec![true; k.len()]).collect();
@@ -193,10 +197,6 @@ fn write_joined(
     } else {
         (&joined.keep, None)
     };
-    if a.engine == FilterEngine::Polars {
-        let s = write_polars(a, input, index, &joined, rule, out, format, &meta)?;
-        return Ok((s, joined));
-    }
     let ann = data::Annotations {
         labels: index.labels(),
         label_of: &joined.label_of,
