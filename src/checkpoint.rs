@@ -69,7 +69,7 @@ pub struct ResumeInfo {
 }
 
 /// Write a checkpoint for `pipeline` into `dir` (replacing it atomically).
-pub fn save(dir: &Path, state: &CheckpointState, pipeline: &dyn Pipeline) -> Result<()> {
+pub fn save(dir: &Path, state: &CheckpointState, pipeline: &mut dyn Pipeline) -> Result<()> {
     save_with(dir, state, pipeline, None)
 }
 
@@ -78,7 +78,7 @@ pub fn save(dir: &Path, state: &CheckpointState, pipeline: &dyn Pipeline) -> Res
 pub fn save_resume(
     dir: &Path,
     state: &CheckpointState,
-    pipeline: &dyn Pipeline,
+    pipeline: &mut dyn Pipeline,
     info: &ResumeInfo,
 ) -> Result<()> {
     save_with(dir, state, pipeline, Some(info))
@@ -115,7 +115,7 @@ pub fn load_resume(dir: &Path, state: &CheckpointState, pipeline: &mut dyn Pipel
 fn save_with(
     dir: &Path,
     state: &CheckpointState,
-    pipeline: &dyn Pipeline,
+    pipeline: &mut dyn Pipeline,
     resume: Option<&ResumeInfo>,
 ) -> Result<()> {
     let parent = dir.parent().unwrap_or(Path::new("."));

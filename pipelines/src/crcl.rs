@@ -77,7 +77,7 @@ use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::{Error, Result};
 use crate::losses::{diagonal, match_log_diagonals, match_prob};
-use crate::method::{pair_array, Batch, EpochCtx, Method, Plan, ScoreCtx};
+use crate::method::{Batch, EpochCtx, Method, PairArray, Plan, ScoreCtx};
 use crate::params::{non_negative, positive, unit_interval};
 use crate::pipeline::PairScores;
 use crate::runner::{Streams, EMBED_CHUNK};
@@ -413,17 +413,8 @@ impl Method for Crcl {
         })
     }
 
-    fn pair_state(&self) -> Vec<(String, Vec<f32>)> {
-        vec![("labels".to_string(), self.labels.clone())]
-    }
-
-    fn load_state(
-        &mut self,
-        _state: &serde_json::Value,
-        pairs: &[(String, Vec<f32>)],
-    ) -> Result<()> {
-        self.labels = pair_array(pairs, "labels");
-        Ok(())
+    fn pair_arrays(&mut self) -> Vec<(String, PairArray<'_>)> {
+        vec![("labels".into(), PairArray::Values(&mut self.labels))]
     }
 }
 

@@ -87,8 +87,9 @@ use crate::batch_stats::{self, Square};
 use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::{Error, Result};
+use crate::frozen_rows::{to_anchors, FrozenRows};
 use crate::losses::soft_margin_hinge;
-use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
+use crate::method::{Batch, EpochCtx, Method, PairArray, Plan, ScoreCtx};
 use crate::net::Net;
 use crate::params::{non_negative, unit_interval};
 use crate::pipeline::PairScores;
@@ -504,69 +505,6 @@ fn nets_stats(
     Ok(passes)
 }
 
-/// A frozen tower's vectors (row-major, `dim` wide) with the inverse of
-/// every row's length as [`ncclean_models::layers::l2_normalize`] takes it
-/// (`1 / √(|x|² + 1e-12)`), found once per pass: a pair's rows are then
-/// scaled, not measured, in each of the shuffles that gathers it.
-struct FrozenRows<'a> {
-    values: &'a [f32],
-    dim: usize,
-    inv_norm: Vec<f32>,
-}
-
-impl<'a> FrozenRows<'a> {
-    fn new(values: &'a [f32], dim: usize) -> FrozenRows<'a> {
-        let inv_norm = values
-            .chunks_exact(dim.max(1))
-            .map(|row| 1.0 / (sum_of_squares(row) + 1e-12).sqrt())
-            .collect();
-        FrozenRows {
-            values,
-            dim,
-            inv_norm,
-        }
-    }
-
-    /// Rows `idx` at unit length: the tower's pooled features
-    /// ([`ncclean_models::MatchingModel::pooled_images`]), gathered and
-    /// scaled in one pass instead of a gather and four tensor ops.
-    fn unit_rows(&self, idx: &[usize], dev: &candle_core::Device) -> candle_core::Result<Tensor> {
-        let d = self.dim;
-        let mut out = Vec::with_capacity(idx.len() * d);
-        for &i in idx {
-            let (Some(row), Some(&inv)) =
-                (self.values.get(i * d..(i + 1) * d), self.inv_norm.get(i))
-            else {
-                candle_core::bail!("pair {i} has no feature vector of width {d}");
-            };
-            out.extend(row.iter().map(|x| x * inv));
-        }
-        Tensor::from_vec(out, (idx.len(), d), dev)
-    }
-}
-
-/// `Σ x²` in eight independent lanes, which the compiler turns into vector
-/// instructions (a single running sum is one long dependency chain).
-fn sum_of_squares(x: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let chunks = x.chunks_exact(8);
-    let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
-    for c in chunks {
-        for (l, v) in lanes.iter_mut().zip(c) {
-            *l += v * v;
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
-}
-
-/// Cosines `x[i] · x[a]` of every row of the unit features `x` with the rows
-/// `anchors`: `[B][A]`.
-fn to_anchors(x: &Tensor, anchors: &[usize]) -> candle_core::Result<Vec<Vec<f32>>> {
-    let ids: Vec<u32> = anchors.iter().map(|&a| a as u32).collect();
-    let ids = Tensor::from_vec(ids, anchors.len(), x.device())?;
-    x.matmul(&x.index_select(&ids, 0)?.t()?)?.to_vec2()
-}
-
 impl Esc {
     /// Net `k`'s division of the training data, used to train the other net.
     fn plan_from(&self, k: usize, ctx: &EpochCtx) -> Result<NetPlan> {
@@ -701,31 +639,14 @@ impl Method for Esc {
         })
     }
 
-    fn pair_state(&self) -> Vec<(String, Vec<f32>)> {
-        let mut out = Vec::new();
-        for (k, p) in self.plans.iter().enumerate() {
-            out.push((format!("labels_net{k}"), p.labels.clone()));
-            let clean = p.clean.iter().map(|&c| if c { 1.0 } else { 0.0 }).collect();
-            out.push((format!("clean_net{k}"), clean));
-        }
-        out
-    }
-
-    fn load_state(
-        &mut self,
-        _state: &serde_json::Value,
-        pairs: &[(String, Vec<f32>)],
-    ) -> Result<()> {
-        for (name, v) in pairs {
-            for (k, p) in self.plans.iter_mut().enumerate() {
-                if *name == format!("labels_net{k}") {
-                    p.labels = v.clone();
-                } else if *name == format!("clean_net{k}") {
-                    p.clean = v.iter().map(|&c| c > 0.5).collect();
-                }
-            }
-        }
-        Ok(())
+    fn pair_arrays(&mut self) -> Vec<(String, PairArray<'_>)> {
+        let per_net = self.plans.iter_mut().enumerate().flat_map(|(k, p)| {
+            [
+                (format!("labels_net{k}"), PairArray::Values(&mut p.labels)),
+                (format!("clean_net{k}"), PairArray::Flags(&mut p.clean)),
+            ]
+        });
+        per_net.collect()
     }
 }
 
@@ -972,22 +893,6 @@ mod tests {
         }
         // The networks differ, so the union held anchors of both.
         assert_ne!(both[0].l_div, both[1].l_div);
-        // Frozen vectors scaled on the host are the towers' pooled features.
-        let idx = [3, 0, 299, 7];
-        let (pi, pt) = nets[0].batch_pooled(&data, &idx)?;
-        let (ImageInputs::Embeddings { data: img, .. }, TextInputs::Embeddings { data: txt, .. }) =
-            (&data.images, &data.texts)
-        else {
-            unreachable!("embedding pairs")
-        };
-        let flat = |t: Tensor| t.flatten_all()?.to_vec1::<f32>();
-        let (img, txt) = (FrozenRows::new(img, 6), FrozenRows::new(txt, 6));
-        close(&flat(img.unit_rows(&idx, &Device::Cpu)?)?, &flat(pi)?);
-        close(&flat(txt.unit_rows(&idx, &Device::Cpu)?)?, &flat(pt)?);
-        assert!(txt.unit_rows(&[300], &Device::Cpu).is_err());
-        // Eight lanes and a tail: 1 + 4 + … + 100 = 385.
-        let x: Vec<f32> = (1..=10).map(|v| v as f32).collect();
-        assert_eq!(sum_of_squares(&x), 385.0);
         Ok(())
     }
 

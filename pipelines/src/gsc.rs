@@ -82,7 +82,7 @@ use crate::config::TrainConfig;
 use crate::division::{CleanSide, Division};
 use crate::error::{Error, Result};
 use crate::losses::{diagonal, match_log_diagonals, match_prob};
-use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
+use crate::method::{Batch, EpochCtx, Method, PairArray, Plan, ScoreCtx};
 use crate::net::Net;
 use crate::params::{non_negative, positive, unit_interval};
 use crate::pipeline::PairScores;
@@ -500,20 +500,17 @@ impl Method for Gsc {
         })
     }
 
-    fn pair_state(&self) -> Vec<(String, Vec<f32>)> {
-        let mut out = Vec::new();
-        for (k, l) in self.labels.iter().enumerate() {
-            out.push((format!("y_cm_net{k}"), l.y_cm.clone()));
-            out.push((format!("y_im_net{k}"), l.y_im.clone()));
-        }
-        out
+    fn pair_arrays(&mut self) -> Vec<(String, PairArray<'_>)> {
+        let per_net = self.labels.iter_mut().enumerate().flat_map(|(k, l)| {
+            [
+                (format!("y_cm_net{k}"), PairArray::Values(&mut l.y_cm)),
+                (format!("y_im_net{k}"), PairArray::Values(&mut l.y_im)),
+            ]
+        });
+        per_net.collect()
     }
 
-    fn load_state(
-        &mut self,
-        state: &serde_json::Value,
-        pairs: &[(String, Vec<f32>)],
-    ) -> Result<()> {
+    fn load_state(&mut self, state: &serde_json::Value) -> Result<()> {
         let divisions: Option<Vec<Division>> = serde_json::from_value(state["divisions"].clone())
             .map_err(|e| {
             Error::State(format!("checkpoint state has no valid GSC divisions: {e}"))
@@ -528,15 +525,6 @@ impl Method for Gsc {
             }
         }
         self.divisions = divisions;
-        for (name, v) in pairs {
-            for (k, l) in self.labels.iter_mut().enumerate() {
-                if *name == format!("y_cm_net{k}") {
-                    l.y_cm = v.clone();
-                } else if *name == format!("y_im_net{k}") {
-                    l.y_im = v.clone();
-                }
-            }
-        }
         Ok(())
     }
 }

@@ -23,7 +23,7 @@
 //!    (co-teaching), `has_warmup` / `warmup_loss`, `lr_at`, `init_seed`
 //!    (re-initialisation), `start_net` / `end_net` / `finish_epoch` (label
 //!    updates from the training pass), `keep_fitted`, and `state` /
-//!    `pair_state` / `load_state` for label state. Shared math is in
+//!    `load_state` / `pair_arrays` for label state. Shared math is in
 //!    [`losses`] (hinge, soft margin, `p_i`, InfoNCE) and [`scoring`]
 //!    (shuffled-batch statistics, `divide`). The module doc lists where the
 //!    method departs from its paper.
@@ -48,6 +48,7 @@ pub mod crcl;
 pub mod division;
 pub mod error;
 pub mod esc;
+pub mod frozen_rows;
 pub mod gsc;
 pub mod losses;
 pub mod method;

@@ -223,27 +223,42 @@ pub trait Method: Sized {
         serde_json::Value::Null
     }
 
-    /// Per-pair label state, arrays aligned with the training pairs.
-    fn pair_state(&self) -> Vec<(String, Vec<f32>)> {
-        Vec::new()
+    /// Restore what [`Method::state`] returned.
+    fn load_state(&mut self, _state: &serde_json::Value) -> Result<()> {
+        Ok(())
     }
 
-    /// Restore what [`Method::state`] and [`Method::pair_state`] returned.
-    fn load_state(
-        &mut self,
-        _state: &serde_json::Value,
-        _pairs: &[(String, Vec<f32>)],
-    ) -> Result<()> {
-        Ok(())
+    /// The per-pair label arrays a resumed run must find again, by checkpoint
+    /// name, aligned with the training pairs. They are lent mutably because
+    /// the runner both saves them and, on resume, writes them back (an array
+    /// the checkpoint lacks is left as it is).
+    fn pair_arrays(&mut self) -> Vec<(String, PairArray<'_>)> {
+        Vec::new()
     }
 }
 
-/// The per-pair array called `name` in a checkpoint's pair state (empty when
-/// the checkpoint has none).
-pub fn pair_array(pairs: &[(String, Vec<f32>)], name: &str) -> Vec<f32> {
-    pairs
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.clone())
-        .unwrap_or_default()
+/// One per-pair array of a method's label state, as lent to the runner.
+pub enum PairArray<'a> {
+    /// Values (soft or momentum labels), saved as they are.
+    Values(&'a mut Vec<f32>),
+    /// Flags (a clean set), saved as 0 and 1 and read back as `> 0.5`.
+    Flags(&'a mut Vec<bool>),
+}
+
+impl PairArray<'_> {
+    /// The array as checkpoints store it.
+    pub fn to_values(&self) -> Vec<f32> {
+        match self {
+            PairArray::Values(v) => v.to_vec(),
+            PairArray::Flags(f) => f.iter().map(|&c| if c { 1.0 } else { 0.0 }).collect(),
+        }
+    }
+
+    /// Replace the array with what a checkpoint stored.
+    pub fn restore(self, saved: Vec<f32>) {
+        match self {
+            PairArray::Values(v) => *v = saved,
+            PairArray::Flags(f) => *f = saved.iter().map(|&c| c > 0.5).collect(),
+        }
+    }
 }

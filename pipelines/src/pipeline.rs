@@ -147,8 +147,9 @@ pub trait Pipeline {
     fn load_optimizer_state(&mut self, tensors: &HashMap<String, Tensor>) -> Result<()>;
     /// Method state (mixture parameters, counters) as JSON.
     fn state(&self) -> serde_json::Value;
-    /// Per-pair label state (arrays aligned with the training pairs).
-    fn pair_state(&self) -> Vec<(String, Vec<f32>)>;
+    /// Per-pair label state (arrays aligned with the training pairs);
+    /// `&mut` because the method lends the same arrays to save and restore.
+    fn pair_state(&mut self) -> Vec<(String, Vec<f32>)>;
     /// Restore what [`Pipeline::state`] and [`Pipeline::pair_state`] returned.
     fn load_state(
         &mut self,

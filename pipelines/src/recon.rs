@@ -46,7 +46,7 @@ use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::{Error, Result};
 use crate::losses::{per_sample_hinge, symmetric_infonce};
-use crate::method::{pair_array, Batch, EpochCtx, Method, Plan, ScoreCtx};
+use crate::method::{Batch, EpochCtx, Method, PairArray, Plan, ScoreCtx};
 use crate::net::Net;
 use crate::params::{non_negative, positive, unit_interval};
 use crate::pipeline::PairScores;
@@ -515,17 +515,8 @@ impl Method for Recon {
         })
     }
 
-    fn pair_state(&self) -> Vec<(String, Vec<f32>)> {
-        vec![("pseudo_labels".to_string(), self.labels.clone())]
-    }
-
-    fn load_state(
-        &mut self,
-        _state: &serde_json::Value,
-        pairs: &[(String, Vec<f32>)],
-    ) -> Result<()> {
-        self.labels = pair_array(pairs, "pseudo_labels");
-        Ok(())
+    fn pair_arrays(&mut self) -> Vec<(String, PairArray<'_>)> {
+        vec![("pseudo_labels".into(), PairArray::Values(&mut self.labels))]
     }
 }
 

@@ -622,8 +622,9 @@ impl<M: Method> Pipeline for Runner<M> {
         })
     }
 
-    fn pair_state(&self) -> Vec<(String, Vec<f32>)> {
-        self.method.pair_state()
+    fn pair_state(&mut self) -> Vec<(String, Vec<f32>)> {
+        let arrays = self.method.pair_arrays().into_iter();
+        arrays.map(|(name, a)| (name, a.to_values())).collect()
     }
 
     fn load_state(
@@ -652,7 +653,14 @@ impl<M: Method> Pipeline for Runner<M> {
         if let Some(e) = state.get("epochs_done").and_then(serde_json::Value::as_u64) {
             self.epochs_done = e as usize;
         }
-        self.method.load_state(&state["method"], &pairs)
+        self.method.load_state(&state["method"])?;
+        let mut pairs: HashMap<String, Vec<f32>> = pairs.into_iter().collect();
+        for (name, a) in self.method.pair_arrays() {
+            if let Some(saved) = pairs.remove(&name) {
+                a.restore(saved);
+            }
+        }
+        Ok(())
     }
 }
 

@@ -50,7 +50,7 @@ use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::Result;
 use crate::losses::ncr_soft_margin_hinge;
-use crate::method::{pair_array, Batch, EpochCtx, Method, Plan, ScoreCtx};
+use crate::method::{Batch, EpochCtx, Method, PairArray, Plan, ScoreCtx};
 use crate::pipeline::PairScores;
 use crate::scoring::{divide, hinge_pass, StatPass};
 
@@ -109,16 +109,7 @@ impl Method for Vanilla {
         }
     }
 
-    fn pair_state(&self) -> Vec<(String, Vec<f32>)> {
-        vec![("labels".into(), self.labels.clone())]
-    }
-
-    fn load_state(
-        &mut self,
-        _state: &serde_json::Value,
-        pairs: &[(String, Vec<f32>)],
-    ) -> Result<()> {
-        self.labels = pair_array(pairs, "labels");
-        Ok(())
+    fn pair_arrays(&mut self) -> Vec<(String, PairArray<'_>)> {
+        vec![("labels".into(), PairArray::Values(&mut self.labels))]
     }
 }

@@ -279,7 +279,7 @@ pub fn fit(
         checkpoint::save_resume(
             &resume_dir,
             &make_state(pipeline.as_ref()),
-            pipeline.as_ref(),
+            pipeline.as_mut(),
             &info,
         )?;
     }
@@ -296,7 +296,7 @@ pub fn fit(
 
     let state = make_state(pipeline.as_ref());
     let ckpt_dir = out.join("checkpoint");
-    checkpoint::save(&ckpt_dir, &state, pipeline.as_ref())?;
+    checkpoint::save(&ckpt_dir, &state, pipeline.as_mut())?;
     drop(pipeline);
 
     // Score through the reloaded checkpoint: exactly what `ncclean score`
