@@ -9,6 +9,8 @@ pairs=${2:-2000}
 # The dev profile optimises dependencies at -O3 (Cargo.toml), so it runs fast
 # and shares its build with `cargo test`. For an installed binary:
 # cargo install --path .
+# Rust 1.85+ is installed with rustup first if this machine lacks it.
+. scripts/ensure_rust.sh
 cargo build --quiet
 bin=target/debug/ncclean
 mkdir -p "$out"

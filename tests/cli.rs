@@ -1219,3 +1219,61 @@ fn corrupt_hard_mode_is_deterministic_and_never_keeps_the_own_image() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--mode mixed"));
 }
+
+/// `scripts/ensure_rust.sh`, which `.ci/run` and the quickstart source on a
+/// fresh machine: this toolchain passes; a cargo older than the workspace's
+/// rust-version is refused (with installing turned off) in words that say
+/// what to install, and so is a machine without cargo.
+#[test]
+fn ensure_rust_accepts_this_toolchain_and_refuses_an_old_one() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let home = tempfile::tempdir().expect("temp dir");
+    let old = home.path().join("old-bin");
+    std::fs::create_dir_all(&old).expect("bin dir");
+    let fake = old.join("cargo");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'cargo 1.63.0 (fd9c4297c 2022-07-01)'\n",
+    )
+    .expect("fake cargo");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    // Found on this PATH: the child's PATH is the one under test.
+    let bash = std::env::split_paths(&std::env::var_os("PATH").expect("PATH"))
+        .map(|d| d.join("bash"))
+        .find(|b| b.is_file())
+        .expect("bash on PATH");
+    let run = |path: String| {
+        std::process::Command::new(&bash)
+            .args(["-c", "set -e; . scripts/ensure_rust.sh; cargo --version"])
+            .current_dir(root)
+            .env_clear()
+            .env("HOME", home.path())
+            .env("PATH", path)
+            .env("NCCLEAN_NO_RUST_INSTALL", "1")
+            .output()
+            .expect("bash runs")
+    };
+    // The toolchain's own cargo (not rustup's proxy, which needs the real HOME).
+    let toolchain = Path::new(env!("CARGO"))
+        .parent()
+        .expect("cargo's directory");
+    let ok_run = run(format!("{}:/usr/bin:/bin", toolchain.display()));
+    assert!(ok_run.status.success(), "{ok_run:?}");
+    for (path, found) in [
+        (format!("{}:/usr/bin:/bin", old.display()), "cargo 1.63.0"),
+        ("/nonexistent".to_string(), "no cargo"),
+    ] {
+        let out = run(path);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(&format!(
+                "needs Rust 1.85 or newer, and this machine has {found}"
+            )),
+            "{err}"
+        );
+        assert!(err.contains("https://rustup.rs"), "{err}");
+        assert!(out.stdout.is_empty(), "went on past the check");
+    }
+}
