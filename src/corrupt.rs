@@ -126,7 +126,7 @@ pub fn noise_permutation(n: usize, rate: f64, seed: u64) -> Vec<usize> {
 /// ⌊rate·N⌋ positions are chosen exactly as [`noise_permutation`] chooses
 /// them (so `random` is that permutation); in `hard` and `mixed` mode the
 /// first ⌊hard_fraction·chosen⌋ of them (in the random order) each get a row
-/// of one of their image's [`HARD_NEIGHBOURS`] nearest other images by
+/// of one of their image's `HARD_NEIGHBOURS` nearest other images by
 /// caption words (picked at random, stream `corrupt-hard`), and the rest are
 /// permuted among themselves. A hard position whose image shares no content
 /// word with any other image gets a random other image; with a single

@@ -25,7 +25,7 @@ pub enum ImageEncoder {
     MobilenetV2,
     /// CLIP vision tower, frozen. Needs --image-model DIR or hub id.
     Clip,
-    /// Embeddings already in the image column (list<float>).
+    /// Embeddings already in the image column (`list<float>`).
     Precomputed,
     /// A compact CNN trained from scratch on small pixels (demo data).
     #[value(name = "demo-cnn")]
@@ -46,7 +46,7 @@ pub enum TextEncoder {
     #[value(name = "demo-bow")]
     #[serde(rename = "demo-bow")]
     DemoBow,
-    /// Embeddings already in a list<float> text-embedding column (--text-emb-col, or detected:
+    /// Embeddings already in a `list<float>` text-embedding column (--text-emb-col, or detected:
     /// text_embedding, text_emb, txt_emb, ...); the caption column is still shown in the outputs.
     Precomputed,
 }

@@ -25,7 +25,7 @@
 //!
 //! Decoding memory is bounded for the whole process, independent of the
 //! number of cores (and so of the decode threads of
-//! [`crate::parallel::parallel_map`]): before decoding, a decode reserves
+//! `parallel::parallel_map`): before decoding, a decode reserves
 //! its cost from one process-wide budget of
 //! [`BUDGET_BYTES_PER_PIXEL`] × `--max-image-pixels` bytes (1.6 GB at the
 //! default 50 megapixels) and waits while the decodes in flight hold too

@@ -59,7 +59,7 @@
 //!   shuffle in which they were the anchor.
 //! * **Monotone clean posterior.** `w_i` (training) and `clean_prob`
 //!   (scoring) are the BMM posterior of the low-loss component made
-//!   non-increasing in `l_div` ([`Division::clean_prob`], shared by every
+//!   non-increasing in `l_div` ([`crate::division::Division::clean_prob`], shared by every
 //!   method). The paper takes the raw posterior; on the demo data the fitted
 //!   clean Beta is much narrower than the noisy one, so the raw posterior
 //!   drops again for the lowest losses (AUROC 0.95 for `l_div`, 0.88 for the

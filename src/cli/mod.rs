@@ -79,7 +79,7 @@ pub struct DataArgs {
     /// except by `score` and `filter` given `--files-from`.
     #[arg(value_name = "DATA")]
     pub data: Vec<PathBuf>,
-    /// Image column: bytes, a {bytes, path} struct, a path string or a list<float> embedding.
+    /// Image column: bytes, a {bytes, path} struct, a path string or an embedding (a list of floats).
     #[arg(long, value_name = "NAME")]
     pub image_col: Option<String>,
     /// Caption column (a string).
@@ -110,7 +110,7 @@ pub struct DataArgs {
     /// way; name one explicitly to read it.
     #[arg(long, short = 'r')]
     pub recursive: bool,
-    /// Precomputed text-embedding column (a list<float> per row, e.g. LAION's text_emb), read by
+    /// Precomputed text-embedding column (a list of floats per row, e.g. LAION's text_emb), read by
     /// --text-encoder precomputed instead of encoding the captions (default: detected among
     /// text_embedding, text_emb, txt_emb, ...; --preset laion/datacomp name theirs). The caption
     /// column stays and is shown in the outputs.

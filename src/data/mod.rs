@@ -180,7 +180,7 @@ pub struct ColumnMap {
     pub caption: String,
     /// Name of the key column; `None` means keys are `<file stem>:<row>`.
     pub key: Option<String>,
-    /// Name of the precomputed text-embedding column (list<float>), when
+    /// Name of the precomputed text-embedding column (`list<float>`), when
     /// the text side reads one (`--text-encoder precomputed`). The caption
     /// column stays: labels, filters and reports show it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

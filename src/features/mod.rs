@@ -1,7 +1,7 @@
 //! Frozen-tower features, computed once and cached on disk.
 //!
-//! [`store`] holds the on-disk format (content keys, shards, f16 encoding),
-//! [`side`] the per-tower bookkeeping of one run (which row uses which
+//! `store` holds the on-disk format (content keys, shards, f16 encoding),
+//! `side` the per-tower bookkeeping of one run (which row uses which
 //! vector, what must still be encoded) and [`extract`] the driver that
 //! streams the input through the towers and fills the store.
 //!

@@ -8,8 +8,8 @@
 //!
 //! Stages, each handing plain data to the next: [`run::load`] reads the run
 //! directory, [`build`] computes the page's content ([`Page`]), and
-//! [`html::render`] writes it out. The charts come from [`plots`]
-//! (plotters' SVG backend), the pictures from [`thumbs`], read back from
+//! [`html::render`] writes it out. The charts come from `plots`
+//! (plotters' SVG backend), the pictures from `thumbs`, read back from
 //! the run's inputs. What `fit` records for the mixture chart is
 //! [`DivisionRecord`].
 

@@ -67,7 +67,7 @@ impl CleanSide {
 }
 
 /// Min–max normaliser fitted on training scores; applying it to new scores
-/// clamps to [0,1].
+/// clamps to \[0, 1\].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Normaliser {
     /// Smallest finite training score.
@@ -321,7 +321,7 @@ impl Division {
     }
 
     /// Raw posterior of the clean component for each raw score: normalised
-    /// with the stored min/max and clamped to [0,1] (BMM also clips to
+    /// with the stored min/max and clamped to \[0, 1\] (BMM also clips to
     /// [1e-4, 1−1e-4]). This is what scikit-learn's `predict_proba` gives;
     /// methods use [`Division::clean_prob`], which repairs its tails.
     ///
