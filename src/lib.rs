@@ -23,6 +23,7 @@ pub(crate) mod parallel;
 pub mod progress;
 pub mod report;
 pub mod retrieval;
+pub mod run_inputs;
 pub mod rundir;
 pub mod sample;
 pub mod shards;

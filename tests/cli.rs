@@ -10,7 +10,7 @@ use arrow_array::builder::{Float32Builder, ListBuilder};
 use arrow_array::{Array, ArrayRef, BinaryArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use common::snapshot::assert_snapshot;
-use common::{demo, eval_json, ncclean, ok, p, quick_fit};
+use common::{demo, eval_json, ncclean, noisy_demo_of, ok, p, quick_fit};
 use ncclean::data::{read_labels, LabelRow, RowStatus};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
@@ -1276,4 +1276,100 @@ fn ensure_rust_accepts_this_toolchain_and_refuses_an_old_one() {
         assert!(err.contains("https://rustup.rs"), "{err}");
         assert!(out.stdout.is_empty(), "went on past the check");
     }
+}
+
+/// The loop as the brief types it, with no paths: `fit DATA` writes
+/// ./ncclean-run, `score --out FILE` scores that run's training data through
+/// it, `report` reads it. run.json records the inputs' absolute paths, so
+/// `score` without DATA and `report` also work from another directory,
+/// although `fit` was given a relative path.
+#[test]
+fn fit_score_and_report_default_to_the_run_in_the_current_directory() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let work = tmp.path().join("work");
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir_all(&work).expect("work dir");
+    std::fs::create_dir_all(&empty).expect("empty dir");
+    noisy_demo_of(&work, 300);
+    let in_dir = |dir: &Path, args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ncclean"))
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("ncclean starts")
+    };
+    let succeeded = |out: &std::process::Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+
+    // Nothing fitted here yet: both say how to get a run.
+    let out = in_dir(&empty, &["score", "--out", "l.parquet"]);
+    assert_snapshot("score_without_a_run", &out, tmp.path());
+    let out = in_dir(&empty, &["report"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`ncclean report DIR`"));
+
+    succeeded(&in_dir(
+        &work,
+        &[
+            "fit",
+            "noisy.parquet",
+            "--epochs",
+            "2",
+            "--warmup-epochs",
+            "1",
+        ],
+    ));
+    let run = work.join("ncclean-run");
+    let (fitted, _) = read_labels(&run.join("labels.parquet")).expect("fit's labels");
+    let prob = |rows: &[LabelRow]| rows.iter().map(|r| r.clean_prob).collect::<Vec<_>>();
+
+    let out = in_dir(&work, &["score", "--out", "scored.parquet"]);
+    succeeded(&out);
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("no DATA given: scoring the training data of ncclean-run (1 file(s)"));
+    let (scored, _) = read_labels(&work.join("scored.parquet")).expect("scored labels");
+    assert_eq!(prob(&scored), prob(&fitted));
+
+    // From elsewhere, through the checkpoint/ path: the recorded absolute
+    // path is read, and named in source_file.
+    let elsewhere = tmp.path().join("elsewhere.parquet");
+    let ckpt = run.join("checkpoint");
+    succeeded(&in_dir(
+        &empty,
+        &["score", "--checkpoint", p(&ckpt), "--out", p(&elsewhere)],
+    ));
+    let (again, _) = read_labels(&elsewhere).expect("labels");
+    assert_eq!(prob(&again), prob(&fitted));
+    let abs = std::path::absolute(work.join("noisy.parquet")).expect("absolute");
+    assert!(again.iter().all(|r| Path::new(&r.source_file) == abs));
+
+    let out = in_dir(&empty, &["report", p(&run)]);
+    succeeded(&out);
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report summary");
+    assert!(summary["shown"].as_u64().expect("shown") > 0, "{summary}");
+    assert_eq!(summary["pictures_missing"], 0, "{summary}");
+
+    // A run whose run.json predates the record cannot supply DATA.
+    let run_json = run.join("run.json");
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&run_json).expect("run.json")).expect("json");
+    record
+        .as_object_mut()
+        .expect("object")
+        .remove("input_files");
+    std::fs::write(&run_json, record.to_string()).expect("rewrite run.json");
+    let out = in_dir(&work, &["score", "--out", "old.parquet"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a run from an older ncclean"));
+
+    // Fitting other data into the default directory says what it replaces.
+    let out = in_dir(&work, &["fit", "demo.parquet", "--epochs", "1"]);
+    succeeded(&out);
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("ncclean-run holds a run fitted on noisy.parquet: it is replaced"));
 }

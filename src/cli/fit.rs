@@ -36,7 +36,8 @@ pub struct FitArgs {
     /// Run directory: run.json, checkpoint/, labels.parquet, filtered.parquet, stats.json.
     /// It is replaced as a whole when the new run is complete (until then the
     /// previous run stays readable); it must be new, empty or an earlier run.
-    #[arg(long, value_name = "DIR")]
+    /// `score` and `report` read ./ncclean-run when not told otherwise.
+    #[arg(long, value_name = "DIR", default_value = crate::run_inputs::DEFAULT_RUN_DIR)]
     pub out_dir: PathBuf,
     /// Replace --out-dir even if it holds files that are not an ncclean run
     /// (they are deleted) or lies inside an input directory.
@@ -87,7 +88,8 @@ pub struct FitArgs {
     /// without replacement over the rows in input order, seeded by --seed
     /// (same input, N and seed: same sample); run.json and stats.json record
     /// it. labels.parquet and filtered.parquet then cover the drawn rows
-    /// only: label every row with `ncclean score --checkpoint DIR`.
+    /// only: label every row with `ncclean score --checkpoint DIR --out FILE`
+    /// (without DATA it reads the run's inputs).
     #[arg(long, value_name = "N")]
     pub sample: Option<usize>,
     /// Device: auto (CUDA when this build has it and a GPU answers, else the
@@ -176,6 +178,7 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         resume: a.resume,
         force: a.force,
         data_args: a.data.data.clone(),
+        run_inputs: crate::run_inputs::RunInputs::of(&input, &a.data),
         rule,
         sample: a.sample,
     };

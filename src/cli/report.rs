@@ -11,9 +11,10 @@ use crate::report;
 /// Arguments of `ncclean report`.
 #[derive(Debug, Args)]
 pub struct ReportArgs {
-    /// Run directory written by `ncclean fit --out-dir`.
+    /// Run directory written by `ncclean fit --out-dir` (default:
+    /// ./ncclean-run, where `fit` writes when not told otherwise).
     #[arg(value_name = "RUN")]
-    pub run: PathBuf,
+    pub run: Option<PathBuf>,
     /// Output HTML file: one self-contained page (charts as inline SVG,
     /// pictures as data URIs), written atomically. Default: RUN/report.html
     /// (a later `fit` into RUN replaces the whole directory, report
@@ -36,9 +37,10 @@ pub fn run(a: ReportArgs, rep: &Reporter) -> Result<()> {
             a.per_group
         )));
     }
-    let out = a.out.clone().unwrap_or_else(|| a.run.join("report.html"));
+    let run = crate::run_inputs::run_dir_or_default(a.run.as_deref(), "`ncclean report DIR`")?;
+    let out = a.out.clone().unwrap_or_else(|| run.join("report.html"));
     let s = report::write(
-        &a.run,
+        &run,
         &out,
         &report::Options {
             per_group: a.per_group,

@@ -20,6 +20,7 @@ use crate::engine::{join_by_position, Engine, LabelsSummary};
 use crate::error::{Error, Result};
 use crate::features::CacheOptions;
 use crate::progress::Reporter;
+use crate::run_inputs::{self, RunInputs};
 use crate::shards::{self, Counts};
 
 use super::threshold::ThresholdArgs;
@@ -39,9 +40,13 @@ pub struct ScoreArgs {
     pub outcome: OutcomeArgs,
     #[command(flatten)]
     pub shards: ShardArgs,
-    /// Run directory written by `ncclean fit --out-dir` (or its checkpoint/).
+    /// Run directory written by `ncclean fit --out-dir` (or its
+    /// checkpoint/). Default: ./ncclean-run, where `fit` writes when not
+    /// told otherwise. Without DATA (and --files-from), the run's own
+    /// training data is scored, read as `fit` read it (run.json records
+    /// its files and columns), every row of it even after `fit --sample`.
     #[arg(long, value_name = "RUN")]
-    pub checkpoint: PathBuf,
+    pub checkpoint: Option<PathBuf>,
     /// Labels parquet to write (one file for all inputs).
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -73,10 +78,18 @@ pub struct ScoreArgs {
     pub threshold: ThresholdArgs,
 }
 
-pub fn run(a: ScoreArgs, rep: &Reporter) -> Result<()> {
+pub fn run(mut a: ScoreArgs, rep: &Reporter) -> Result<()> {
     let rule = a.threshold.rule()?;
     let chosen = crate::device::choose(&a.device)?;
-    let mut engine = Engine::load(&a.checkpoint, &chosen.device)?;
+    let run = run_inputs::run_dir_or_default(a.checkpoint.as_deref(), "--checkpoint DIR")?;
+    let mut engine = Engine::load(&run, &chosen.device)?;
+    if a.data.data.is_empty() && a.shards.files_from.is_none() {
+        let files = RunInputs::fill(&mut a.data, &run)?;
+        rep.info(&format!(
+            "no DATA given: scoring the training data of {} ({files} file(s), read as fit read them)",
+            run.display()
+        ));
+    }
     if let Some(rule) = rule {
         engine.use_rule(rule)?;
     }

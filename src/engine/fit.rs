@@ -48,6 +48,9 @@ pub struct FitOptions {
     pub force: bool,
     /// The DATA arguments as given, for the out-dir checks.
     pub data_args: Vec<PathBuf>,
+    /// Where the data lives and how it was read, for run.json (`score`
+    /// without DATA, `report`'s pictures).
+    pub run_inputs: crate::run_inputs::RunInputs,
     /// The rule for the clean set (`None`: `clean_prob >=` the
     /// configuration's `threshold`).
     pub rule: Option<Rule>,
@@ -131,6 +134,15 @@ pub fn fit(
         },
         opts.force,
     )?;
+    if let Some(earlier) = crate::run_inputs::earlier_run(run_dir.out()) {
+        // With a default --out-dir, a second dataset's fit would otherwise
+        // replace the first one's run without a word.
+        rep.info(&format!(
+            "{} holds a run fitted on {earlier}: it is replaced when this run completes \
+             (--out-dir DIR keeps runs apart)",
+            opts.out_dir.display()
+        ));
+    }
     let out = run_dir.staging().to_path_buf();
     let want_local = ncclean_pipelines::config::head_for(&opts.method, cfg).local;
     let sample = opts.sample.and_then(|n| Sample::draw(input, n, opts.seed));
@@ -383,6 +395,7 @@ pub fn fit(
         "image_root": input.image_root,
         "image_limits": input.image_limits,
         "inputs": (0..input.files.len()).map(|f| input.display_name(f)).collect::<Vec<_>>(),
+        "input_files": opts.run_inputs,
         "input_fingerprint": metadata.get("ncclean.input_fingerprint"),
         "checkpoint_sha256": metadata.get("ncclean.checkpoint_sha256"),
         "threshold": cut,

@@ -70,12 +70,16 @@ pub fn load(dir: &Path) -> Result<RunRecord> {
             run_json.display()
         ))
     })?;
+    let recorded = serde_json::from_value::<crate::run_inputs::RunInputs>(field("input_files"))
+        .ok()
+        .filter(|r| r.files.len() == inputs.len());
     let source = Source {
         inputs,
         columns: serde_json::from_value::<ColumnMap>(field("columns")).ok(),
         image_root: serde_json::from_value(field("image_root")).ok().flatten(),
         image_limits: serde_json::from_value::<ImageLimits>(field("image_limits"))
             .unwrap_or_default(),
+        recorded,
     };
     let stats_path = dir.join("stats.json");
     let (epochs, division) = if stats_path.is_file() {

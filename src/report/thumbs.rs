@@ -33,6 +33,9 @@ pub struct Source {
     pub image_root: Option<PathBuf>,
     /// The fit's image limits, which the thumbnails are read within too.
     pub image_limits: ImageLimits,
+    /// run.json's `input_files` (absolute paths, tar sources), when the
+    /// run records them: the inputs are then found from any directory.
+    pub recorded: Option<crate::run_inputs::RunInputs>,
 }
 
 /// A pair as read back for the report.
@@ -90,29 +93,45 @@ fn read_file_rows(
     file: &str,
     rows: &[u64],
 ) -> Result<BTreeMap<u64, Shown>, String> {
-    if !source.inputs.iter().any(|i| i == file) {
+    let Some(index) = source.inputs.iter().position(|i| i == file) else {
         return Err(format!("{file} is not among the run's inputs (run.json)"));
-    }
-    let path = PathBuf::from(file);
+    };
+    let recorded = source.recorded.as_ref();
+    let path = match recorded.and_then(|r| r.files.get(index)) {
+        Some(absolute) => absolute.clone(),
+        None => PathBuf::from(file),
+    };
     if !path.is_file() {
         return Err(format!(
-            "input {file} is no longer readable here (relative paths are relative to where `fit` ran)"
+            "input {} is no longer readable here{}",
+            path.display(),
+            if recorded.is_some() {
+                ""
+            } else {
+                " (relative paths are relative to where `fit` ran)"
+            }
         ));
     }
     let limits = source.image_limits;
+    let image_root = match recorded {
+        Some(r) => r.image_root.clone(),
+        None => source.image_root.clone(),
+    };
     let opts = match (&source.columns, crate::data::is_tar(&path)) {
         // Parquet: the very columns fit used.
         (Some(c), false) => ColumnOptions {
             image_col: Some(c.image.clone()),
             caption_col: Some(c.caption.clone()),
             key_col: c.key.clone(),
-            image_root: source.image_root.clone(),
+            image_root,
             image_limits: limits,
             ..ColumnOptions::default()
         },
         _ => ColumnOptions {
-            image_root: source.image_root.clone(),
+            image_root,
             image_limits: limits,
+            caption_from: recorded.and_then(|r| r.caption_from.clone()),
+            key_from: recorded.and_then(|r| r.key_from.clone()),
             ..ColumnOptions::default()
         },
     };
@@ -248,6 +267,7 @@ mod tests {
             columns: None,
             image_root: None,
             image_limits: ImageLimits::default(),
+            recorded: None,
         };
         let shown = read(
             &source,

@@ -1,0 +1,143 @@
+//! Where a run's training data lives and how `fit` read it, recorded in
+//! `run.json` (`input_files`) so that `ncclean score` without DATA scores
+//! the same rows, and `ncclean report` finds its pictures, from any
+//! directory: run.json's `inputs` are the paths as typed, relative to where
+//! `fit` ran.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cli::DataArgs;
+use crate::data::{CaptionFrom, ColumnMap, InputSet, KeyFrom};
+use crate::error::{invalid, Error, Result};
+
+/// The run directory `fit` writes and `score` and `report` read when no
+/// other is named.
+pub const DEFAULT_RUN_DIR: &str = "ncclean-run";
+
+/// run.json's record of the training data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunInputs {
+    /// Every input file, absolute, in input order (run.json's `inputs`
+    /// names the same files as they were typed).
+    pub files: Vec<PathBuf>,
+    /// `--image-root`, absolute.
+    pub image_root: Option<PathBuf>,
+    /// Tar shards: `--caption-from`.
+    pub caption_from: Option<CaptionFrom>,
+    /// Tar shards: `--key-from`.
+    pub key_from: Option<KeyFrom>,
+}
+
+impl RunInputs {
+    /// The record of `input`, opened from the flags `data`.
+    pub fn of(input: &InputSet, data: &DataArgs) -> RunInputs {
+        RunInputs {
+            files: input.files.iter().map(|f| absolute(&f.path)).collect(),
+            image_root: input.image_root.as_deref().map(absolute),
+            caption_from: data.caption_from.clone(),
+            key_from: data.key_from.clone(),
+        }
+    }
+
+    /// Fill the flags `data` that were not given with what `fit` used:
+    /// the files, the columns it resolved, the image root and the tar
+    /// sources. `run` is the run directory or its `checkpoint/`.
+    pub fn fill(data: &mut DataArgs, run: &Path) -> Result<usize> {
+        let (record, columns) = read(run)?;
+        data.data = record.files;
+        data.image_col.get_or_insert(columns.image);
+        data.caption_col.get_or_insert(columns.caption);
+        if data.key_col.is_none() {
+            data.key_col = columns.key;
+        }
+        if data.text_emb_col.is_none() {
+            data.text_emb_col = columns.text_embedding;
+        }
+        if data.image_root.is_none() {
+            data.image_root = record.image_root;
+        }
+        if data.caption_from.is_none() {
+            data.caption_from = record.caption_from;
+        }
+        if data.key_from.is_none() {
+            data.key_from = record.key_from;
+        }
+        Ok(data.data.len())
+    }
+}
+
+/// `path` made absolute against the current directory (not resolving
+/// links: the path stays the one the user's tree shows).
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// The run.json of `run`, a run directory or its `checkpoint/`.
+pub fn run_json_of(run: &Path) -> Option<PathBuf> {
+    let here = run.join("run.json");
+    if here.is_file() {
+        return Some(here);
+    }
+    let parent = run.parent()?.join("run.json");
+    (run.file_name()? == "checkpoint" && parent.is_file()).then_some(parent)
+}
+
+/// The recorded inputs and resolved columns of the run at `run`.
+fn read(run: &Path) -> Result<(RunInputs, ColumnMap)> {
+    let Some(path) = run_json_of(run) else {
+        return Err(Error::Usage(format!(
+            "no DATA given, and {} has no run.json to take the training data from: \
+             name the files to score (DATA)",
+            run.display()
+        )));
+    };
+    let bytes = std::fs::read(&path)
+        .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
+    let run: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| invalid(format!("{}: not valid JSON ({e})", path.display())))?;
+    let field = |name: &str| run.get(name).cloned().unwrap_or(serde_json::Value::Null);
+    let record: Option<RunInputs> = serde_json::from_value(field("input_files")).ok();
+    let columns: Option<ColumnMap> = serde_json::from_value(field("columns")).ok();
+    match (record, columns) {
+        (Some(r), Some(c)) if !r.files.is_empty() => Ok((r, c)),
+        _ => Err(Error::Usage(format!(
+            "no DATA given, and {} does not record where its training data lives \
+             (a run from an older ncclean): name the files to score (DATA)",
+            path.display()
+        ))),
+    }
+}
+
+/// The run directory a command reads: `given`, or [`DEFAULT_RUN_DIR`] with
+/// an error that says how to get one when it does not exist; `how` says
+/// how the command names a run (`--checkpoint DIR`).
+pub fn run_dir_or_default(given: Option<&Path>, how: &str) -> Result<PathBuf> {
+    if let Some(p) = given {
+        return Ok(p.to_path_buf());
+    }
+    let default = PathBuf::from(DEFAULT_RUN_DIR);
+    if default.exists() {
+        Ok(default)
+    } else {
+        Err(Error::Usage(format!(
+            "no run named, and ./{DEFAULT_RUN_DIR} does not exist here. Fit one first \
+             (`ncclean fit DATA` writes ./{DEFAULT_RUN_DIR}), or name the run directory \
+             ({how})"
+        )))
+    }
+}
+
+/// What the complete run in `dir` was fitted on ("a.parquet", "a.parquet
+/// and 3 more files"), when `dir` holds one.
+pub fn earlier_run(dir: &Path) -> Option<String> {
+    let bytes = std::fs::read(dir.join("run.json")).ok()?;
+    let run: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let inputs: Vec<String> = serde_json::from_value(run.get("inputs")?.clone()).ok()?;
+    let first = inputs.first()?;
+    Some(match inputs.len() {
+        1 => first.clone(),
+        n => format!("{first} and {} more file(s)", n - 1),
+    })
+}
