@@ -42,27 +42,23 @@ impl RunInputs {
     }
 
     /// Fill the flags `data` that were not given with what `fit` used:
-    /// the files, the columns it resolved, the image root and the tar
-    /// sources. `run` is the run directory or its `checkpoint/`.
+    /// the files, and for parquet the columns it resolved and the image
+    /// root, for tar shards the caption and key sources (each format
+    /// refuses the other's flags). `run` is the run directory or its
+    /// `checkpoint/`.
     pub fn fill(data: &mut DataArgs, run: &Path) -> Result<usize> {
         let (record, columns) = read(run)?;
+        let tar = record.files.iter().any(|f| crate::data::is_tar(f));
         data.data = record.files;
-        data.image_col.get_or_insert(columns.image);
-        data.caption_col.get_or_insert(columns.caption);
-        if data.key_col.is_none() {
-            data.key_col = columns.key;
-        }
-        if data.text_emb_col.is_none() {
-            data.text_emb_col = columns.text_embedding;
-        }
-        if data.image_root.is_none() {
-            data.image_root = record.image_root;
-        }
-        if data.caption_from.is_none() {
-            data.caption_from = record.caption_from;
-        }
-        if data.key_from.is_none() {
-            data.key_from = record.key_from;
+        if tar {
+            data.caption_from = data.caption_from.take().or(record.caption_from);
+            data.key_from = data.key_from.take().or(record.key_from);
+        } else {
+            data.image_col.get_or_insert(columns.image);
+            data.caption_col.get_or_insert(columns.caption);
+            data.key_col = data.key_col.take().or(columns.key);
+            data.text_emb_col = data.text_emb_col.take().or(columns.text_embedding);
+            data.image_root = data.image_root.take().or(record.image_root);
         }
         Ok(data.data.len())
     }

@@ -432,3 +432,51 @@ fn tar_shards_split_over_killed_and_resumed_workers_as_one_process() {
         );
     }
 }
+
+/// `score` without DATA on a run fitted on tar shards: the shards are read
+/// again with the fit's `--caption-from` and `--key-from` (and no parquet
+/// column flags, which tar input refuses), so the labels are fit's.
+#[test]
+fn score_without_data_reads_a_tar_run_as_fit_read_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Captions only in KEY.json, keys from its `key` field.
+    let with_json_captions = |_: usize, (name, data): Member| {
+        if name.ends_with(".txt") {
+            return None;
+        }
+        if name.ends_with(".json") {
+            let key = name.trim_end_matches(".json");
+            let caption = format!("a picture of sample {key}");
+            let v = serde_json::json!({ "key": format!("k-{key}"), "caption": caption });
+            return Some((name, v.to_string().into_bytes()));
+        }
+        Some((name, data))
+    };
+    write_tar(
+        &tmp.path().join("shards/00000.tar"),
+        &demo_members(0..60, with_json_captions),
+    );
+    let run = tmp.path().join("run");
+    let out = quick_fit(
+        &tmp.path().join("shards/00000.tar"),
+        &run,
+        &["--caption-from", "json:caption", "--key-from", "json:key"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let scored = tmp.path().join("scored.parquet");
+    let out = ncclean(&["score", "--checkpoint", p(&run), "--out", p(&scored)]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (fitted, again) = (labels(&run.join("labels.parquet")), labels(&scored));
+    assert_eq!(fitted.len(), 60);
+    assert!(
+        fitted.iter().all(|l| l.key.starts_with("k-")),
+        "{:?}",
+        fitted[0]
+    );
+    let view = |ls: &[LabelRow]| {
+        ls.iter()
+            .map(|l| (l.key.clone(), l.clean_prob, l.status.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(view(&again), view(&fitted));
+}
