@@ -475,7 +475,7 @@ fn score_without_data_reads_a_tar_run_as_fit_read_it() {
     );
     let view = |ls: &[LabelRow]| {
         ls.iter()
-            .map(|l| (l.key.clone(), l.clean_prob, l.status.clone()))
+            .map(|l| (l.key.clone(), l.clean_prob, l.status))
             .collect::<Vec<_>>()
     };
     assert_eq!(view(&again), view(&fitted));
