@@ -134,19 +134,20 @@ pub fn fit(
         },
         opts.force,
     )?;
+    let out = run_dir.staging().to_path_buf();
+    let want_local = ncclean_pipelines::config::head_for(&opts.method, cfg).local;
+    let sample = opts.sample.and_then(|n| Sample::draw(input, n, opts.seed));
+    let preparer = Preparer::new(input, &opts.encoders, cfg, want_local, &opts.cache, device)?;
     if let Some(earlier) = crate::run_inputs::earlier_run(run_dir.out()) {
         // With a default --out-dir, a second dataset's fit would otherwise
-        // replace the first one's run without a word.
+        // replace the first one's run without a word (said once the inputs
+        // and towers are accepted, not before an error).
         rep.info(&format!(
             "{} holds a run fitted on {earlier}: it is replaced when this run completes \
              (--out-dir DIR keeps runs apart)",
             opts.out_dir.display()
         ));
     }
-    let out = run_dir.staging().to_path_buf();
-    let want_local = ncclean_pipelines::config::head_for(&opts.method, cfg).local;
-    let sample = opts.sample.and_then(|n| Sample::draw(input, n, opts.seed));
-    let preparer = Preparer::new(input, &opts.encoders, cfg, want_local, &opts.cache, device)?;
     let run = match &sample {
         None => {
             if let Some(n) = opts.sample {
