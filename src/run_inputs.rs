@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::DataArgs;
 use crate::data::{CaptionFrom, ColumnMap, InputSet, KeyFrom};
-use crate::error::{invalid, Error, Result};
+use crate::error::{Error, Result};
+use crate::rundir::{absolute, read_json};
 
 /// The run directory `fit` writes and `score` and `report` read when no
 /// other is named.
@@ -32,13 +33,17 @@ pub struct RunInputs {
 
 impl RunInputs {
     /// The record of `input`, opened from the flags `data`.
-    pub fn of(input: &InputSet, data: &DataArgs) -> RunInputs {
-        RunInputs {
-            files: input.files.iter().map(|f| absolute(&f.path)).collect(),
-            image_root: input.image_root.as_deref().map(absolute),
+    pub fn of(input: &InputSet, data: &DataArgs) -> Result<RunInputs> {
+        Ok(RunInputs {
+            files: input
+                .files
+                .iter()
+                .map(|f| absolute(&f.path))
+                .collect::<Result<_>>()?,
+            image_root: input.image_root.as_deref().map(absolute).transpose()?,
             caption_from: data.caption_from.clone(),
             key_from: data.key_from.clone(),
-        }
+        })
     }
 
     /// Fill the flags `data` that were not given with what `fit` used:
@@ -64,35 +69,23 @@ impl RunInputs {
     }
 }
 
-/// `path` made absolute against the current directory (not resolving
-/// links: the path stays the one the user's tree shows).
-fn absolute(path: &Path) -> PathBuf {
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
-}
-
-/// The run.json of `run`, a run directory or its `checkpoint/`.
-pub fn run_json_of(run: &Path) -> Option<PathBuf> {
-    let here = run.join("run.json");
-    if here.is_file() {
-        return Some(here);
-    }
-    let parent = run.parent()?.join("run.json");
-    (run.file_name()? == "checkpoint" && parent.is_file()).then_some(parent)
-}
-
-/// The recorded inputs and resolved columns of the run at `run`.
+/// The recorded inputs and resolved columns of the run at `run` (a run
+/// directory or its `checkpoint/`, as [`crate::checkpoint::locate`] takes it:
+/// run.json sits beside the checkpoint).
 fn read(run: &Path) -> Result<(RunInputs, ColumnMap)> {
-    let Some(path) = run_json_of(run) else {
+    let checkpoint = crate::checkpoint::locate(run)?;
+    let path = checkpoint
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("run.json");
+    if !path.is_file() {
         return Err(Error::Usage(format!(
             "no DATA given, and {} has no run.json to take the training data from: \
              name the files to score (DATA)",
             run.display()
         )));
-    };
-    let bytes = std::fs::read(&path)
-        .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
-    let run: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| invalid(format!("{}: not valid JSON ({e})", path.display())))?;
+    }
+    let run = read_json(&path)?;
     let field = |name: &str| run.get(name).cloned().unwrap_or(serde_json::Value::Null);
     let record: Option<RunInputs> = serde_json::from_value(field("input_files")).ok();
     let columns: Option<ColumnMap> = serde_json::from_value(field("columns")).ok();
@@ -128,8 +121,7 @@ pub fn run_dir_or_default(given: Option<&Path>, how: &str) -> Result<PathBuf> {
 /// What the complete run in `dir` was fitted on ("a.parquet", "a.parquet
 /// and 3 more files"), when `dir` holds one.
 pub fn earlier_run(dir: &Path) -> Option<String> {
-    let bytes = std::fs::read(dir.join("run.json")).ok()?;
-    let run: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let run = read_json(&dir.join("run.json")).ok()?;
     let inputs: Vec<String> = serde_json::from_value(run.get("inputs")?.clone()).ok()?;
     let first = inputs.first()?;
     Some(match inputs.len() {

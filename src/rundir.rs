@@ -29,11 +29,12 @@
 //! the run, in `P/.NAME.resume/`, replaced atomically after every epoch and
 //! removed once the new run is committed.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::error::{Error, Result};
+use crate::error::{invalid, Error, Result};
 use crate::temp;
 
 /// The marker key in `run.json` that says a run was committed whole.
@@ -150,7 +151,9 @@ pub fn is_run(dir: &Path) -> bool {
         .is_some_and(|v| v.get("ncclean_version").is_some())
 }
 
-fn absolute(p: &Path) -> Result<PathBuf> {
+/// `p` made absolute against the current directory, `.` and `..` removed
+/// lexically (links are not resolved).
+pub(crate) fn absolute(p: &Path) -> Result<PathBuf> {
     let cwd = std::env::current_dir().context("cannot read the current directory")?;
     // Lexically: `a/../b` and `./b` must name the same run.
     let mut out = PathBuf::new();
@@ -260,6 +263,35 @@ fn check_existing(out: &Path, force: bool) -> Result<()> {
             entry.file_name().to_string_lossy()
         ))),
     }
+}
+
+/// Largest `run.json` or `stats.json` read: both are a few kilobytes (the
+/// per-epoch statistics grow by a line an epoch), so anything near this is
+/// not an ncclean file.
+const MAX_JSON_BYTES: u64 = 16 << 20;
+
+/// Parse a JSON file of at most `MAX_JSON_BYTES` (16 MiB): how `report` and
+/// `score` (without DATA) read run.json and stats.json.
+pub fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| crate::Error::Other(anyhow::anyhow!("cannot open {}: {e}", path.display())))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_JSON_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| crate::Error::Other(anyhow::anyhow!("cannot read {}: {e}", path.display())))?;
+    if bytes.len() as u64 > MAX_JSON_BYTES {
+        return Err(invalid(format!(
+            "{}: over {} MiB, too large for an ncclean run file",
+            path.display(),
+            MAX_JSON_BYTES >> 20
+        )));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| {
+        invalid(format!(
+            "{}: not valid JSON ({e}); was the run written by ncclean?",
+            path.display()
+        ))
+    })
 }
 
 #[cfg(test)]

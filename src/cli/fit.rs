@@ -178,7 +178,7 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         resume: a.resume,
         force: a.force,
         data_args: a.data.data.clone(),
-        run_inputs: crate::run_inputs::RunInputs::of(&input, &a.data),
+        run_inputs: crate::run_inputs::RunInputs::of(&input, &a.data)?,
         rule,
         sample: a.sample,
     };

@@ -1,7 +1,6 @@
 //! Reading a run directory back for the report: `run.json`, `stats.json`
 //! and the labels, each within a size limit.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use ncclean_pipelines::EpochStats;
@@ -11,11 +10,7 @@ use super::thumbs::Source;
 use crate::data::{ColumnMap, LabelRow};
 use crate::error::{invalid, Result};
 use crate::images::ImageLimits;
-
-/// Largest `run.json` or `stats.json` read: both are a few kilobytes (the
-/// per-epoch statistics grow by a line an epoch), so anything near this is
-/// not an ncclean file.
-const MAX_JSON_BYTES: u64 = 16 << 20;
+use crate::rundir;
 
 /// What the report needs from a run directory.
 #[derive(Debug, Clone)]
@@ -47,7 +42,7 @@ pub fn load(dir: &Path) -> Result<RunRecord> {
             dir.display()
         )));
     }
-    let run: serde_json::Value = read_json(&run_json)?;
+    let run: serde_json::Value = rundir::read_json(&run_json)?;
     if run.get(crate::rundir::COMPLETE_KEY) != Some(&serde_json::Value::Bool(true)) {
         return Err(invalid(format!(
             "{}: the run is not marked complete; run `ncclean fit` to the end first",
@@ -83,7 +78,7 @@ pub fn load(dir: &Path) -> Result<RunRecord> {
     };
     let stats_path = dir.join("stats.json");
     let (epochs, division) = if stats_path.is_file() {
-        let stats: serde_json::Value = read_json(&stats_path)?;
+        let stats: serde_json::Value = rundir::read_json(&stats_path)?;
         let epochs = serde_json::from_value(stats.get("epochs").cloned().unwrap_or_default())
             .map_err(|e| {
                 invalid(format!(
@@ -108,28 +103,5 @@ pub fn load(dir: &Path) -> Result<RunRecord> {
         epochs,
         division,
         labels,
-    })
-}
-
-/// Parse a JSON file of at most [`MAX_JSON_BYTES`].
-fn read_json(path: &Path) -> Result<serde_json::Value> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| crate::Error::Other(anyhow::anyhow!("cannot open {}: {e}", path.display())))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_JSON_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| crate::Error::Other(anyhow::anyhow!("cannot read {}: {e}", path.display())))?;
-    if bytes.len() as u64 > MAX_JSON_BYTES {
-        return Err(invalid(format!(
-            "{}: over {} MiB, too large for an ncclean run file",
-            path.display(),
-            MAX_JSON_BYTES >> 20
-        )));
-    }
-    serde_json::from_slice(&bytes).map_err(|e| {
-        invalid(format!(
-            "{}: not valid JSON ({e}); was the run written by ncclean?",
-            path.display()
-        ))
     })
 }
