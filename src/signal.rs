@@ -17,7 +17,9 @@
 //! - random-like share: twice the share of pairs below the random
 //!   pairings' median similarity. Mismatched pairs are random pairings, so
 //!   half of them fall below it, and matched pairs seldom do: it estimates
-//!   the noise rate from below, independent of the mixture.
+//!   the noise rate from below, independent of the mixture. It says when
+//!   data look noise-free, and when a cut removes clearly fewer pairs than
+//!   already look mismatched (a mixture that failed to separate them).
 
 use ncclean_pipelines::division::{Division, Fallback, Mixture};
 use serde::{Deserialize, Serialize};
@@ -35,6 +37,11 @@ pub const NOISE_FREE_SHARE: f64 = 0.02;
 /// The mixture's noise estimate must exceed the random-like share by this
 /// much before the cut is said to remove clean pairs.
 pub const OVERSTATED_BY: f64 = 0.05;
+/// The random-like share must exceed the share a cut removes by this much
+/// before the cut is said to keep mismatched pairs. The share is a lower
+/// bound of the noise rate, but a sampled one: on [`SAMPLE_PAIRS`] pairs its
+/// standard error is at most 0.03, so 0.10 is over three of them.
+pub const UNDERSTATED_BY: f64 = 0.10;
 
 /// The model's similarity of pairs against random pairings, on a sample.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -93,8 +100,14 @@ impl SignalCheck {
     }
 
     /// The warnings these numbers call for, given the mixture's estimated
-    /// noise rate and its description (component means, separation).
-    pub fn warnings(&self, estimated_noise_rate: f64, mixture: &str) -> Vec<String> {
+    /// noise rate, the share of the pairs the cut removes, and the mixture's
+    /// description (component means, separation).
+    pub fn warnings(
+        &self,
+        estimated_noise_rate: f64,
+        removed_share: f64,
+        mixture: &str,
+    ) -> Vec<String> {
         let mut out = Vec::new();
         if self.matched_share < MIN_MATCHED_SHARE {
             out.push(format!(
@@ -119,6 +132,19 @@ impl SignalCheck {
                 percent(self.random_like_share),
                 self.pairs,
                 percent(estimated_noise_rate)
+            ));
+        } else if self.random_like_share >= removed_share + UNDERSTATED_BY {
+            out.push(format!(
+                "noise understated: {} of {} pairs score like random pairings (twice the share \
+                 below their median similarity, a lower bound of the noise rate), yet the \
+                 mixture estimates {} noise ({mixture}) and the cut removes {}: the kept pairs \
+                 include many that look mismatched; remove at least that share with \
+                 --remove-noise-rate {:.2}, or try another --method",
+                percent(self.random_like_share),
+                self.pairs,
+                percent(estimated_noise_rate),
+                percent(removed_share),
+                self.random_like_share
             ));
         }
         out
@@ -247,7 +273,7 @@ mod tests {
             (1.0, 0.0, 1.0)
         );
         // A mixture estimating 30% noise here is cutting off clean pairs.
-        let w = c.warnings(0.3, "means 0.1 and 0.5");
+        let w = c.warnings(0.3, 0.3, "means 0.1 and 0.5");
         assert_eq!(w.len(), 1);
         assert!(
             w[0].starts_with("no noise found: only 0% of 3 pairs"),
@@ -260,7 +286,7 @@ mod tests {
             w[0]
         );
         // An estimate near the random-like share is no warning.
-        assert!(c.warnings(0.04, "").is_empty());
+        assert!(c.warnings(0.04, 0.0, "").is_empty());
     }
 
     #[test]
@@ -280,12 +306,12 @@ mod tests {
         assert!((c.auroc - 36.0 / 48.0).abs() < 1e-12, "{}", c.auroc);
         // The 99th percentile of the 12 is the largest, 0.5: 3 of 4 above.
         assert_eq!(c.matched_share, 0.75);
-        assert!(c.warnings(0.5, "").is_empty());
+        assert!(c.warnings(0.5, 0.5, "").is_empty());
         // Pairs no more similar than random pairings: AUROC 0.5.
         let flat = [0.5f32; 9];
         let c = SignalCheck::of(&flat, 3).unwrap();
         assert_eq!((c.auroc, c.matched_share), (0.5, 0.0));
-        let w = c.warnings(0.46, "separation 0.8");
+        let w = c.warnings(0.46, 0.5, "separation 0.8");
         assert!(w[0].starts_with("no signal: "), "{}", w[0]);
         assert!(
             w[0].contains(
@@ -300,6 +326,36 @@ mod tests {
             w[0]
         );
         assert_eq!(SignalCheck::of(&[1.0], 1), None);
+    }
+
+    #[test]
+    fn a_cut_that_keeps_random_like_pairs_is_said_to_understate_noise() {
+        // Pairs 1 and 2 sit below the random pairings' median (0.3): a
+        // random-like share of 2 × 2/4 = 1. Pairs 0 and 3 beat their 99th
+        // percentile (0.45), so there is a signal: 2 of 4 above it.
+        #[rustfmt::skip]
+        let sim = [
+            0.9, 0.3, 0.3, 0.3,
+            0.3, 0.1, 0.45, 0.3,
+            0.3, 0.3, 0.2, 0.3,
+            0.3, 0.3, 0.3, 0.9,
+        ];
+        let c = SignalCheck::of(&sim, 4).unwrap();
+        assert_eq!((c.random_like_share, c.matched_share), (1.0, 0.5));
+        let w = c.warnings(0.21, 0.25, "bmm separation D 0.25");
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(
+            w[0],
+            "noise understated: 100% of 4 pairs score like random pairings (twice the share \
+             below their median similarity, a lower bound of the noise rate), yet the mixture \
+             estimates 21% noise (bmm separation D 0.25) and the cut removes 25%: the kept \
+             pairs include many that look mismatched; remove at least that share with \
+             --remove-noise-rate 1.00, or try another --method"
+        );
+        // A cut within 0.10 of the random-like share is no warning, whatever
+        // the mixture estimated (the user asked to remove more).
+        assert!(c.warnings(0.21, 0.92, "").is_empty());
+        assert_eq!(c.warnings(0.21, 0.88, "").len(), 1);
     }
 
     #[test]

@@ -312,6 +312,27 @@ fn fit_warns_on_noise_free_data_and_on_data_without_signal() {
         "{err}"
     );
     assert_eq!(stats(&run)["warnings"], serde_json::json!([]));
+
+    // The same data with a cut that keeps 99% (all 2,000 here: the lowest
+    // clean_prob are tied at 0, and a cut keeps a whole tie group): the
+    // pairs that score like random pairings are kept, and the warning
+    // names the share to remove.
+    let run = tmp.path().join("noisy-keep-most");
+    let err = fit(&noisy, &run, &["--keep-fraction", "0.99"]);
+    let s = stats(&run);
+    let share = s["signal"]["random_like_share"].as_f64().unwrap();
+    let removed = 1.0 - s["clean"].as_f64().unwrap() / s["pairs"].as_f64().unwrap();
+    assert!(share >= removed + 0.10, "{s}");
+    assert!(
+        err.contains("warning: noise understated: ")
+            && err.contains(&format!(
+                "and the cut removes {}:",
+                ncclean::threshold::percent(removed)
+            ))
+            && err.contains(&format!("--remove-noise-rate {share:.2}")),
+        "{err}"
+    );
+    assert_eq!(s["warnings"].as_array().unwrap().len(), 1, "{s}");
 }
 
 #[test]

@@ -332,7 +332,8 @@ pub fn fit(
     let mut warnings: Vec<String> = division.warning().into_iter().collect();
     if division.fallback.is_none() {
         if let Some(s) = &signal {
-            warnings.extend(s.warnings(cut.estimated_noise_rate, &division.describe()));
+            let removed = 1.0 - cut.kept as f64 / cut.scored.max(1) as f64;
+            warnings.extend(s.warnings(cut.estimated_noise_rate, removed, &division.describe()));
         }
     }
     for w in &warnings {
