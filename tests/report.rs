@@ -95,6 +95,16 @@ fn report_of_a_fitted_run_is_one_self_contained_page() {
     assert!(html.contains("clean component") && html.contains("noisy component"));
     // Nothing is fetched: no address, no script, no stylesheet link, and
     // every picture is inline.
+    // fit's check against random pairings (all 300 pairs: fewer than the
+    // sample's 1,024), as stats.json recorded it.
+    let matched = stats["signal"]["matched_share"].as_f64().unwrap();
+    assert!(
+        html.contains(&format!(
+            "{} of 300 sampled pairs score above 99% of random pairings",
+            ncclean::threshold::percent(matched)
+        )),
+        "no random-pairings fact"
+    );
     assert!(!html.contains("http"), "the page names an address");
     assert!(!html.contains("<script") && !html.contains("<link"));
     let images = img_sources(&html);
@@ -457,6 +467,36 @@ fn report_screenshot_shows_charts_and_pictures() {
     eprintln!("without pictures: {bare:?}");
     assert!(bare.tinted_below < pictures / 40, "{bare:?}");
     assert!(bare.bands >= 2, "{bare:?}");
+}
+
+#[test]
+fn fit_warnings_lead_the_page() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = hand_made_run(tmp.path(), &PROBS, &[], false);
+    let (_, html) = report(&run, &tmp.path().join("r.html"), &[]);
+    assert!(!html.contains("fit warned") && !html.contains("random pairings"));
+    let stats = serde_json::json!({
+        "epochs": [],
+        "warnings": ["noise understated: 52% of 6 pairs <score> like random pairings"],
+        "signal": {"pairs": 6, "auroc": 0.68, "matched_share": 0.074,
+                   "random_like_share": 0.52},
+    });
+    std::fs::write(run.join("stats.json"), stats.to_string()).unwrap();
+    let (_, html) = report(&run, &tmp.path().join("r.html"), &[]);
+    let warned = html
+        .find("<p class=\"note\">fit warned: noise understated: 52% of 6 pairs &lt;score&gt;")
+        .expect("the warning is a note, escaped");
+    // Before the other notes (here: the missing division record).
+    assert!(warned < html.find("holds no division record").unwrap());
+    assert!(html.contains(
+        "7.4% of 6 sampled pairs score above 99% of random pairings of the same images and \
+         captions (chance: 1%); 52% score like them"
+    ));
+    // A stats.json whose warnings are not strings still renders, without them.
+    let stats = serde_json::json!({"epochs": [], "warnings": [3]});
+    std::fs::write(run.join("stats.json"), stats.to_string()).unwrap();
+    let (_, html) = report(&run, &tmp.path().join("r.html"), &[]);
+    assert!(!html.contains("fit warned"));
 }
 
 #[test]

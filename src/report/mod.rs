@@ -112,7 +112,12 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
         .filter(|l| l.status == RowStatus::Ok)
         .filter_map(|l| l.similarity.map(f64::from))
         .collect();
-    let mut notes = Vec::new();
+    // fit's warnings first: they say whether the rest can be trusted.
+    let mut notes: Vec<String> = run
+        .warnings
+        .iter()
+        .map(|w| format!("fit warned: {w}"))
+        .collect();
     let mut page = Page {
         title: format!("ncclean report: {}", run.dir.display()),
         facts: facts(run, &probs),
@@ -330,7 +335,7 @@ fn facts(run: &RunRecord, probs: &[f32]) -> Vec<(String, String)> {
         (
             "labelled clean".into(),
             format!(
-                "{clean} ({} of the scored pairs, clean_prob > {})",
+                "{clean} ({} of the scored pairs, clean_prob >= {})",
                 percent(clean as f64 / probs.len().max(1) as f64),
                 run.threshold
             ),
@@ -344,6 +349,19 @@ fn facts(run: &RunRecord, probs: &[f32]) -> Vec<(String, String)> {
         ),
         ("epochs".into(), run.epochs.len().to_string()),
     ];
+    if let Some(s) = &run.signal {
+        facts.push((
+            "against random pairings".into(),
+            format!(
+                "{} of {} sampled pairs score above 99% of random pairings of the same images \
+                 and captions (chance: 1%); {} score like them (twice the share below their \
+                 median: a lower bound of the noise rate)",
+                percent(s.matched_share),
+                s.pairs,
+                percent(s.random_like_share)
+            ),
+        ));
+    }
     if let Some(seed) = run.seed {
         facts.push(("seed".into(), seed.to_string()));
     }

@@ -29,6 +29,10 @@ pub struct RunRecord {
     pub epochs: Vec<EpochStats>,
     /// The final division, when `fit` recorded it.
     pub division: Option<DivisionRecord>,
+    /// What `fit` warned about the division (`stats.json` `warnings`).
+    pub warnings: Vec<String>,
+    /// `fit`'s check of the trained model against random pairings.
+    pub signal: Option<crate::signal::SignalCheck>,
     /// One row per input row.
     pub labels: Vec<LabelRow>,
 }
@@ -77,7 +81,7 @@ pub fn load(dir: &Path) -> Result<RunRecord> {
         recorded,
     };
     let stats_path = dir.join("stats.json");
-    let (epochs, division) = if stats_path.is_file() {
+    let (epochs, division, warnings, signal) = if stats_path.is_file() {
         let stats: serde_json::Value = rundir::read_json(&stats_path)?;
         let epochs = serde_json::from_value(stats.get("epochs").cloned().unwrap_or_default())
             .map_err(|e| {
@@ -89,9 +93,18 @@ pub fn load(dir: &Path) -> Result<RunRecord> {
         let division = stats
             .get("division")
             .and_then(|d| serde_json::from_value(d.clone()).ok());
-        (epochs, division)
+        // Both are informative only: a run without them (older, or hand
+        // made) still has a report.
+        let warnings = stats
+            .get("warnings")
+            .and_then(|w| serde_json::from_value(w.clone()).ok())
+            .unwrap_or_default();
+        let signal = stats
+            .get("signal")
+            .and_then(|s| serde_json::from_value(s.clone()).ok());
+        (epochs, division, warnings, signal)
     } else {
-        (Vec::new(), None)
+        (Vec::new(), None, Vec::new(), None)
     };
     let (labels, _) = crate::data::read_labels(&dir.join("labels.parquet"))?;
     Ok(RunRecord {
@@ -102,6 +115,8 @@ pub fn load(dir: &Path) -> Result<RunRecord> {
         source,
         epochs,
         division,
+        warnings,
+        signal,
         labels,
     })
 }
