@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::cli::DataArgs;
 use crate::data::{CaptionFrom, ColumnMap, InputSet, KeyFrom};
 use crate::error::{Error, Result};
-use crate::rundir::{absolute, read_json};
+use crate::rundir::{absolute, json_field, read_json};
 
 /// The run directory `fit` writes and `score` and `report` read when no
 /// other is named.
@@ -86,10 +86,10 @@ fn read(run: &Path) -> Result<(RunInputs, ColumnMap)> {
         )));
     }
     let run = read_json(&path)?;
-    let field = |name: &str| run.get(name).cloned().unwrap_or(serde_json::Value::Null);
-    let record: Option<RunInputs> = serde_json::from_value(field("input_files")).ok();
-    let columns: Option<ColumnMap> = serde_json::from_value(field("columns")).ok();
-    match (record, columns) {
+    match (
+        json_field::<RunInputs>(&run, "input_files"),
+        json_field::<ColumnMap>(&run, "columns"),
+    ) {
         (Some(r), Some(c)) if !r.files.is_empty() => Ok((r, c)),
         _ => Err(Error::Usage(format!(
             "no DATA given, and {} does not record where its training data lives \
@@ -122,7 +122,7 @@ pub fn run_dir_or_default(given: Option<&Path>, how: &str) -> Result<PathBuf> {
 /// and 3 more files"), when `dir` holds one.
 pub fn earlier_run(dir: &Path) -> Option<String> {
     let run = read_json(&dir.join("run.json")).ok()?;
-    let inputs: Vec<String> = serde_json::from_value(run.get("inputs")?.clone()).ok()?;
+    let inputs: Vec<String> = json_field(&run, "inputs")?;
     let first = inputs.first()?;
     Some(match inputs.len() {
         1 => first.clone(),

@@ -294,9 +294,31 @@ pub fn read_json(path: &Path) -> Result<serde_json::Value> {
     })
 }
 
+/// Field `name` of a run file's JSON as a `T`; `None` when it is missing or
+/// of another shape (what runs of older versions, or made by hand, hold).
+pub fn json_field<T: serde::de::DeserializeOwned>(
+    json: &serde_json::Value,
+    name: &str,
+) -> Option<T> {
+    serde_json::from_value(json.get(name)?.clone()).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_fields_missing_or_misshapen_are_none() {
+        let v = serde_json::json!({"seed": 3, "inputs": ["a", "b"], "root": null});
+        assert_eq!(json_field::<u64>(&v, "seed"), Some(3));
+        assert_eq!(
+            json_field::<Vec<String>>(&v, "inputs"),
+            Some(vec!["a".to_string(), "b".to_string()])
+        );
+        assert_eq!(json_field::<Vec<String>>(&v, "seed"), None);
+        assert_eq!(json_field::<u64>(&v, "absent"), None);
+        assert_eq!(json_field::<Option<String>>(&v, "root"), Some(None));
+    }
 
     fn inputs<'a>(args: &'a [PathBuf], files: &'a [PathBuf]) -> Inputs<'a> {
         Inputs { args, files }

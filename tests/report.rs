@@ -93,8 +93,6 @@ fn report_of_a_fitted_run_is_one_self_contained_page() {
     // Three distributions and two training curves (loss, clean fraction).
     assert_eq!(html.matches("<svg ").count(), 5);
     assert!(html.contains("clean component") && html.contains("noisy component"));
-    // Nothing is fetched: no address, no script, no stylesheet link, and
-    // every picture is inline.
     // fit's check against random pairings (all 300 pairs: fewer than the
     // sample's 1,024), as stats.json recorded it.
     let matched = stats["signal"]["matched_share"].as_f64().unwrap();
@@ -105,6 +103,8 @@ fn report_of_a_fitted_run_is_one_self_contained_page() {
         )),
         "no random-pairings fact"
     );
+    // Nothing is fetched: no address, no script, no stylesheet link, and
+    // every picture is inline.
     assert!(!html.contains("http"), "the page names an address");
     assert!(!html.contains("<script") && !html.contains("<link"));
     let images = img_sources(&html);

@@ -332,8 +332,11 @@ pub fn fit(
     let mut warnings: Vec<String> = division.warning().into_iter().collect();
     if division.fallback.is_none() {
         if let Some(s) = &signal {
-            let removed = 1.0 - cut.kept as f64 / cut.scored.max(1) as f64;
-            warnings.extend(s.warnings(cut.estimated_noise_rate, removed, &division.describe()));
+            warnings.extend(s.warnings(
+                cut.estimated_noise_rate,
+                1.0 - cut.kept_fraction(),
+                &division.describe(),
+            ));
         }
     }
     for w in &warnings {

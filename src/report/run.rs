@@ -10,7 +10,7 @@ use super::thumbs::Source;
 use crate::data::{ColumnMap, LabelRow};
 use crate::error::{invalid, Result};
 use crate::images::ImageLimits;
-use crate::rundir;
+use crate::rundir::{self, json_field};
 
 /// What the report needs from a run directory.
 #[derive(Debug, Clone)]
@@ -69,15 +69,13 @@ pub fn load(dir: &Path) -> Result<RunRecord> {
             run_json.display()
         ))
     })?;
-    let recorded = serde_json::from_value::<crate::run_inputs::RunInputs>(field("input_files"))
-        .ok()
+    let recorded = json_field::<crate::run_inputs::RunInputs>(&run, "input_files")
         .filter(|r| r.files.len() == inputs.len());
     let source = Source {
         inputs,
-        columns: serde_json::from_value::<ColumnMap>(field("columns")).ok(),
-        image_root: serde_json::from_value(field("image_root")).ok().flatten(),
-        image_limits: serde_json::from_value::<ImageLimits>(field("image_limits"))
-            .unwrap_or_default(),
+        columns: json_field::<ColumnMap>(&run, "columns"),
+        image_root: json_field(&run, "image_root").flatten(),
+        image_limits: json_field::<ImageLimits>(&run, "image_limits").unwrap_or_default(),
         recorded,
     };
     let stats_path = dir.join("stats.json");
@@ -90,19 +88,14 @@ pub fn load(dir: &Path) -> Result<RunRecord> {
                     stats_path.display()
                 ))
             })?;
-        let division = stats
-            .get("division")
-            .and_then(|d| serde_json::from_value(d.clone()).ok());
-        // Both are informative only: a run without them (older, or hand
+        // These are informative only: a run without them (older, or hand
         // made) still has a report.
-        let warnings = stats
-            .get("warnings")
-            .and_then(|w| serde_json::from_value(w.clone()).ok())
-            .unwrap_or_default();
-        let signal = stats
-            .get("signal")
-            .and_then(|s| serde_json::from_value(s.clone()).ok());
-        (epochs, division, warnings, signal)
+        (
+            epochs,
+            json_field(&stats, "division"),
+            json_field(&stats, "warnings").unwrap_or_default(),
+            json_field(&stats, "signal"),
+        )
     } else {
         (Vec::new(), None, Vec::new(), None)
     };
