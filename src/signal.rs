@@ -1,5 +1,7 @@
-//! Whether a run's division means anything: the two checks behind `fit`'s
-//! "no signal" and "no noise" warnings.
+//! Whether a run's division means anything: the checks behind the "no
+//! signal", "no noise found", "noise understated" and "noise overstated"
+//! warnings of `fit` (on a sample of the training pairs) and `score` (on
+//! each file's first block).
 //!
 //! A two-component mixture always finds two components, even in data that
 //! holds one population: on pairs the model cannot match (no signal) it
@@ -20,6 +22,11 @@
 //!   the noise rate from below, independent of the mixture. It says when
 //!   data look noise-free, and when a cut removes clearly fewer pairs than
 //!   already look mismatched (a mixture that failed to separate them).
+//! - the signal share again, from the other side: random pairings land
+//!   above their own 99th percentile 1% of the time, so all but about 1
+//!   point of the pairs there are matched; a cut that keeps clearly fewer
+//!   removes pairs that plainly match (a model scoring data unlike its
+//!   training data, or a mixture fitted to another noise rate).
 
 use ncclean_pipelines::division::{Division, Fallback, Mixture};
 use serde::{Deserialize, Serialize};
@@ -28,6 +35,9 @@ use crate::threshold::percent;
 
 /// Most pairs the check compares (its similarity matrix is this squared).
 pub const SAMPLE_PAIRS: usize = 1024;
+/// Fewest sampled pairs the check judges a division on: below, one pair
+/// moves a share by over 1 point and chance alone crosses the margins.
+pub const MIN_PAIRS: usize = 100;
 /// Below this share of pairs above the random pairings' 99th percentile
 /// (chance: 0.01) the model tells pairs from random pairings too poorly for
 /// any division.
@@ -55,6 +65,10 @@ pub struct SignalCheck {
     /// Twice the share of pairs below the random pairings' median, at most 1.
     pub random_like_share: f64,
 }
+
+/// The kept share must fall short of the signal share (less chance's 1
+/// point) by this much before the cut is said to remove matched pairs.
+pub const OVERSTATED_CUT_BY: f64 = 0.10;
 
 /// Evenly spaced positions of at most [`SAMPLE_PAIRS`] of `n` pairs.
 pub fn sample(n: usize) -> Vec<usize> {
@@ -99,18 +113,73 @@ impl SignalCheck {
         })
     }
 
-    /// The warnings these numbers call for, given the mixture's estimated
-    /// noise rate, the share of the pairs the cut removes, and the mixture's
+    /// How far the random-like share must exceed the removed share before
+    /// the cut is said to keep mismatched pairs: [`UNDERSTATED_BY`], or
+    /// three standard errors of the sampled share where that is more (the
+    /// share is twice a sampled proportion: its standard error is at most
+    /// `1 / sqrt(pairs)`, 0.031 on [`SAMPLE_PAIRS`], 0.1 on 100).
+    pub fn understated_margin(&self) -> f64 {
+        UNDERSTATED_BY.max(3.0 / (self.pairs as f64).sqrt())
+    }
+
+    /// How far the kept share must fall short of the matched share (less
+    /// chance's 1 point) before the cut is said to remove matched pairs:
+    /// [`OVERSTATED_CUT_BY`], or three standard errors of the sampled share
+    /// where that is more (at most `0.5 / sqrt(pairs)` each).
+    pub fn overstated_margin(&self) -> f64 {
+        OVERSTATED_CUT_BY.max(1.5 / (self.pairs as f64).sqrt())
+    }
+
+    /// What these numbers say is wrong with a division that estimates
+    /// `estimated_noise_rate` noise and whose cut removes `removed_share` of
+    /// the pairs, if anything; nothing on fewer than [`MIN_PAIRS`] pairs.
+    /// A cut that removes plainly matched pairs is wrong only when it
+    /// `follows_division` ([`Rule::follows_division`]); a share or precision
+    /// the user chose may cost matched pairs on purpose.
+    ///
+    /// [`Rule::follows_division`]: crate::threshold::Rule::follows_division
+    pub fn verdict(
+        &self,
+        estimated_noise_rate: f64,
+        removed_share: f64,
+        follows_division: bool,
+    ) -> Option<Verdict> {
+        if self.pairs < MIN_PAIRS {
+            None
+        } else if self.matched_share < MIN_MATCHED_SHARE {
+            Some(Verdict::NoSignal)
+        } else if self.random_like_share <= NOISE_FREE_SHARE
+            && estimated_noise_rate >= self.random_like_share + OVERSTATED_BY
+        {
+            Some(Verdict::NoNoise)
+        } else if self.random_like_share >= removed_share + self.understated_margin() {
+            Some(Verdict::Understated)
+        } else if follows_division
+            && 1.0 - removed_share <= self.matched_share - 0.01 - self.overstated_margin()
+        {
+            Some(Verdict::Overstated)
+        } else {
+            None
+        }
+    }
+
+    /// `fit`'s warnings: those the [`SignalCheck::verdict`] calls for, given
+    /// the mixture's estimated noise rate, the share of the pairs the cut
+    /// removes, whether the cut follows the division, and the mixture's
     /// description (component means, separation).
     pub fn warnings(
         &self,
         estimated_noise_rate: f64,
         removed_share: f64,
+        follows_division: bool,
         mixture: &str,
     ) -> Vec<String> {
-        let mut out = Vec::new();
-        if self.matched_share < MIN_MATCHED_SHARE {
-            out.push(format!(
+        let Some(verdict) = self.verdict(estimated_noise_rate, removed_share, follows_division)
+        else {
+            return Vec::new();
+        };
+        vec![match verdict {
+            Verdict::NoSignal => format!(
                 "no signal: the trained model scores pairs barely above random pairings of the same \
                  images and captions ({} of {} pairs above 99% of the random pairings, chance is 1%; \
                  AUROC {:.3}), so clean_prob and the estimated noise rate ({}) mean little \
@@ -120,11 +189,8 @@ impl SignalCheck {
                 self.pairs,
                 self.auroc,
                 percent(estimated_noise_rate)
-            ));
-        } else if self.random_like_share <= NOISE_FREE_SHARE
-            && estimated_noise_rate >= self.random_like_share + OVERSTATED_BY
-        {
-            out.push(format!(
+            ),
+            Verdict::NoNoise => format!(
                 "no noise found: only {} of {} pairs score like random pairings (twice the share \
                  below their median similarity), yet the mixture estimates {} noise ({mixture}); \
                  the data look noise-free and the division cuts off clean pairs: keep more with \
@@ -132,9 +198,8 @@ impl SignalCheck {
                 percent(self.random_like_share),
                 self.pairs,
                 percent(estimated_noise_rate)
-            ));
-        } else if self.random_like_share >= removed_share + UNDERSTATED_BY {
-            out.push(format!(
+            ),
+            Verdict::Understated => format!(
                 "noise understated: {} of {} pairs score like random pairings (twice the share \
                  below their median similarity, a lower bound of the noise rate), yet the \
                  mixture estimates {} noise ({mixture}) and the cut removes {}: the kept pairs \
@@ -145,10 +210,94 @@ impl SignalCheck {
                 percent(estimated_noise_rate),
                 percent(removed_share),
                 self.random_like_share
-            ));
-        }
-        out
+            ),
+            Verdict::Overstated => format!(
+                "noise overstated: {} of {} pairs score above 99% of random pairings (nearly all \
+                 matched pairs: chance puts 1% of random ones there), yet the mixture estimates \
+                 {} noise ({mixture}) and the cut keeps only {}: it removes pairs that plainly \
+                 match; remove at most {:.2} with --remove-noise-rate, or keep more with \
+                 --min-prob",
+                percent(self.matched_share),
+                self.pairs,
+                percent(estimated_noise_rate),
+                percent(1.0 - removed_share),
+                (1.01 - self.matched_share).min(1.0)
+            ),
+        }]
     }
+
+    /// `score`'s warning about one input file, whose pairs the trained
+    /// model's clean_prob estimates `estimated_noise_rate` noise in and whose
+    /// cut removes `removed_share` of: the [`SignalCheck::verdict`] in terms
+    /// of a file scored with a model trained elsewhere.
+    pub fn score_warning(
+        &self,
+        file: &str,
+        estimated_noise_rate: f64,
+        removed_share: f64,
+        follows_division: bool,
+    ) -> Option<String> {
+        let verdict = self.verdict(estimated_noise_rate, removed_share, follows_division)?;
+        Some(match verdict {
+            Verdict::NoSignal => format!(
+                "{file}: no signal: the model scores this file's pairs barely above random \
+                 pairings of its own images and captions ({} of {} pairs above 99% of the random \
+                 pairings, chance is 1%; AUROC {:.3}), so their clean_prob and is_clean mean \
+                 little; check that the file is laid out like the training data (the same \
+                 columns, images and captions that belong together), or fit a model on data \
+                 like it",
+                percent(self.matched_share),
+                self.pairs,
+                self.auroc
+            ),
+            Verdict::NoNoise => format!(
+                "{file}: no noise found: only {} of {} pairs score like random pairings (twice \
+                 the share below their median similarity), yet clean_prob estimates {} noise and \
+                 the cut removes {}: the file looks noise-free and the cut drops clean pairs; \
+                 keep more with --min-prob",
+                percent(self.random_like_share),
+                self.pairs,
+                percent(estimated_noise_rate),
+                percent(removed_share)
+            ),
+            Verdict::Understated => format!(
+                "{file}: noise understated: {} of {} pairs score like random pairings (twice the \
+                 share below their median similarity, a lower bound of the noise rate), yet \
+                 clean_prob estimates {} noise and the cut removes {}: the kept pairs include \
+                 many that look mismatched, as when a file's noise or content differs from the \
+                 training data's; raise the cut with --min-prob, or fit a model on data like it",
+                percent(self.random_like_share),
+                self.pairs,
+                percent(estimated_noise_rate),
+                percent(removed_share)
+            ),
+            Verdict::Overstated => format!(
+                "{file}: noise overstated: {} of {} pairs score above 99% of random pairings \
+                 (nearly all matched pairs: chance puts 1% of random ones there), yet clean_prob \
+                 estimates {} noise and the cut keeps only {}: it removes pairs that plainly \
+                 match, as when a file's noise or content differs from the training data's; \
+                 lower the cut with --min-prob, or fit a model on data like it",
+                percent(self.matched_share),
+                self.pairs,
+                percent(estimated_noise_rate),
+                percent(1.0 - removed_share)
+            ),
+        })
+    }
+}
+
+/// What a [`SignalCheck`] finds wrong with a division.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The model tells pairs from random pairings too poorly for any
+    /// division.
+    NoSignal,
+    /// The data look noise-free, yet the division estimates noise.
+    NoNoise,
+    /// The cut removes clearly fewer pairs than already look mismatched.
+    Understated,
+    /// The cut keeps clearly fewer pairs than plainly match.
+    Overstated,
 }
 
 /// The final division's mixture in numbers people can judge (stats.json
@@ -272,11 +421,15 @@ mod tests {
             (c.auroc, c.random_like_share, c.matched_share),
             (1.0, 0.0, 1.0)
         );
-        // A mixture estimating 30% noise here is cutting off clean pairs.
-        let w = c.warnings(0.3, 0.3, "means 0.1 and 0.5");
+        // Three pairs are too few to judge a division by.
+        assert!(c.warnings(0.3, 0.3, true, "").is_empty());
+        // On as many as a sample holds, a mixture estimating 30% noise here
+        // is cutting off clean pairs.
+        let c = SignalCheck { pairs: 1024, ..c };
+        let w = c.warnings(0.3, 0.3, true, "means 0.1 and 0.5");
         assert_eq!(w.len(), 1);
         assert!(
-            w[0].starts_with("no noise found: only 0% of 3 pairs"),
+            w[0].starts_with("no noise found: only 0% of 1024 pairs"),
             "{}",
             w[0]
         );
@@ -286,7 +439,7 @@ mod tests {
             w[0]
         );
         // An estimate near the random-like share is no warning.
-        assert!(c.warnings(0.04, 0.0, "").is_empty());
+        assert!(c.warnings(0.04, 0.0, true, "").is_empty());
     }
 
     #[test]
@@ -306,16 +459,18 @@ mod tests {
         assert!((c.auroc - 36.0 / 48.0).abs() < 1e-12, "{}", c.auroc);
         // The 99th percentile of the 12 is the largest, 0.5: 3 of 4 above.
         assert_eq!(c.matched_share, 0.75);
-        assert!(c.warnings(0.5, 0.5, "").is_empty());
+        assert!(c.warnings(0.5, 0.5, true, "").is_empty());
         // Pairs no more similar than random pairings: AUROC 0.5.
         let flat = [0.5f32; 9];
         let c = SignalCheck::of(&flat, 3).unwrap();
         assert_eq!((c.auroc, c.matched_share), (0.5, 0.0));
-        let w = c.warnings(0.46, 0.5, "separation 0.8");
+        assert!(c.warnings(0.46, 0.5, true, "").is_empty());
+        let c = SignalCheck { pairs: 1024, ..c };
+        let w = c.warnings(0.46, 0.5, true, "separation 0.8");
         assert!(w[0].starts_with("no signal: "), "{}", w[0]);
         assert!(
             w[0].contains(
-                "(0% of 3 pairs above 99% of the random pairings, chance is 1%; AUROC 0.500)"
+                "(0% of 1024 pairs above 99% of the random pairings, chance is 1%; AUROC 0.500)"
             ),
             "{}",
             w[0]
@@ -342,11 +497,13 @@ mod tests {
         ];
         let c = SignalCheck::of(&sim, 4).unwrap();
         assert_eq!((c.random_like_share, c.matched_share), (1.0, 0.5));
-        let w = c.warnings(0.21, 0.25, "bmm separation D 0.25");
+        assert!(c.warnings(0.21, 0.25, true, "").is_empty());
+        let c = SignalCheck { pairs: 1024, ..c };
+        let w = c.warnings(0.21, 0.25, true, "bmm separation D 0.25");
         assert_eq!(w.len(), 1, "{w:?}");
         assert_eq!(
             w[0],
-            "noise understated: 100% of 4 pairs score like random pairings (twice the share \
+            "noise understated: 100% of 1024 pairs score like random pairings (twice the share \
              below their median similarity, a lower bound of the noise rate), yet the mixture \
              estimates 21% noise (bmm separation D 0.25) and the cut removes 25%: the kept \
              pairs include many that look mismatched; remove at least that share with \
@@ -354,8 +511,117 @@ mod tests {
         );
         // A cut within 0.10 of the random-like share is no warning, whatever
         // the mixture estimated (the user asked to remove more).
-        assert!(c.warnings(0.21, 0.92, "").is_empty());
-        assert_eq!(c.warnings(0.21, 0.88, "").len(), 1);
+        assert!(c.warnings(0.21, 0.92, false, "").is_empty());
+        assert_eq!(c.warnings(0.21, 0.88, true, "").len(), 1);
+    }
+
+    #[test]
+    fn the_understated_margin_is_three_standard_errors_on_small_samples() {
+        let at = |pairs: usize| SignalCheck {
+            pairs,
+            auroc: 0.9,
+            matched_share: 0.5,
+            random_like_share: 0.6,
+        };
+        // 3 / sqrt(m): 0.3 on 100 pairs, 0.15 on 400; never under 0.10.
+        assert!((at(100).understated_margin() - 0.3).abs() < 1e-12);
+        assert!((at(400).understated_margin() - 0.15).abs() < 1e-12);
+        assert_eq!(at(1024).understated_margin(), UNDERSTATED_BY);
+        // A random-like share of 60%: a cut removing 49% is 11 points short
+        // of it, past the margin on 1024 pairs, within chance on 400 (whose
+        // margin ends at 45%); 99 pairs are not judged at all.
+        assert_eq!(
+            at(1024).verdict(0.4, 0.49, true),
+            Some(Verdict::Understated)
+        );
+        assert_eq!(at(1024).verdict(0.4, 0.51, true), None);
+        assert_eq!(at(400).verdict(0.4, 0.49, true), None);
+        assert_eq!(at(400).verdict(0.4, 0.44, true), Some(Verdict::Understated));
+        assert_eq!(at(400).verdict(0.4, 0.46, true), None);
+        assert_eq!(at(99).verdict(0.4, 0.0, true), None);
+    }
+
+    #[test]
+    fn a_division_keeping_fewer_than_plainly_match_is_said_to_overstate_noise() {
+        // Half the pairs beat 99% of the random pairings: at least 49% are
+        // matched; a cut keeping 38% is 11 points short, past the margin.
+        let c = SignalCheck {
+            pairs: 1024,
+            auroc: 0.9,
+            matched_share: 0.5,
+            random_like_share: 0.3,
+        };
+        assert!((c.overstated_margin() - OVERSTATED_CUT_BY).abs() < 1e-12);
+        assert_eq!(c.verdict(0.7, 0.62, true), Some(Verdict::Overstated));
+        assert_eq!(c.verdict(0.7, 0.60, true), None);
+        // A share or precision the user chose may cost matched pairs.
+        assert_eq!(c.verdict(0.7, 0.62, false), None);
+        // On 400 pairs the margin is 3 standard errors, 0.075 < 0.10; on
+        // 100 it is 0.15.
+        assert_eq!(
+            SignalCheck { pairs: 400, ..c }.overstated_margin(),
+            OVERSTATED_CUT_BY
+        );
+        let small = SignalCheck { pairs: 100, ..c };
+        assert!((small.overstated_margin() - 0.15).abs() < 1e-12);
+        assert_eq!(small.verdict(0.7, 0.62, true), None);
+        assert_eq!(
+            c.warnings(0.7, 0.62, true, "gmm separation D 3.00"),
+            [
+                "noise overstated: 50% of 1024 pairs score above 99% of random pairings (nearly \
+              all matched pairs: chance puts 1% of random ones there), yet the mixture \
+              estimates 70% noise (gmm separation D 3.00) and the cut keeps only 38%: it \
+              removes pairs that plainly match; remove at most 0.51 with --remove-noise-rate, \
+              or keep more with --min-prob"
+            ]
+        );
+        let w = c.score_warning("a.parquet", 0.7, 0.62, true).unwrap();
+        assert!(
+            w.starts_with("a.parquet: noise overstated: 50% of 1024 pairs score above 99%"),
+            "{w}"
+        );
+        assert!(w.ends_with("lower the cut with --min-prob, or fit a model on data like it"));
+    }
+
+    #[test]
+    fn scoring_warnings_name_the_file_and_the_scoring_remedy() {
+        let c = SignalCheck {
+            pairs: 1024,
+            auroc: 0.7,
+            matched_share: 0.2,
+            random_like_share: 0.62,
+        };
+        assert_eq!(
+            c.score_warning("shard-3.parquet", 0.31, 0.3, true)
+                .as_deref(),
+            Some(
+                "shard-3.parquet: noise understated: 62% of 1024 pairs score like random \
+                 pairings (twice the share below their median similarity, a lower bound of the \
+                 noise rate), yet clean_prob estimates 31% noise and the cut removes 30%: the \
+                 kept pairs include many that look mismatched, as when a file's noise or content \
+                 differs from the training data's; raise the cut with --min-prob, or fit a model \
+                 on data like it"
+            )
+        );
+        assert_eq!(c.score_warning("f", 0.6, 0.6, true), None);
+        let none = SignalCheck {
+            matched_share: 0.01,
+            auroc: 0.51,
+            ..c
+        };
+        let w = none.score_warning("f", 0.5, 0.5, true).unwrap();
+        assert!(w.starts_with("f: no signal: "), "{w}");
+        assert!(w.contains("(1.0% of 1024 pairs above 99%"), "{w}");
+        let clean = SignalCheck {
+            random_like_share: 0.0,
+            ..c
+        };
+        let w = clean.score_warning("f", 0.2, 0.25, true).unwrap();
+        assert!(w.starts_with("f: no noise found: only 0% of 1024"), "{w}");
+        assert!(
+            w.contains("estimates 20% noise and the cut removes 25%"),
+            "{w}"
+        );
     }
 
     #[test]

@@ -60,6 +60,13 @@ pub const KEEP_NONE: f64 = 2.0;
 pub const SKETCH_POINTS: usize = 1001;
 
 impl Rule {
+    /// Whether the rule keeps what the method's division calls clean (its
+    /// own cut at `threshold`, or removing its estimated noise) rather than
+    /// a share or precision the user chose.
+    pub fn follows_division(&self, threshold: f64) -> bool {
+        matches!(self, Rule::RemoveNoise(None)) || *self == Rule::MinProb(threshold)
+    }
+
     /// The flag a user writes for this rule (used in messages).
     pub fn flag(&self) -> &'static str {
         match self {
@@ -473,6 +480,16 @@ mod tests {
         assert!(Rule::RemoveNoise(None).validate().is_ok());
         assert!(Rule::MinProb(-0.1).validate().is_err());
         assert!(Rule::KeepFraction(f64::NAN).validate().is_err());
+    }
+
+    #[test]
+    fn only_the_divisions_own_cut_follows_it() {
+        assert!(Rule::MinProb(0.5).follows_division(0.5));
+        assert!(Rule::RemoveNoise(None).follows_division(0.5));
+        assert!(!Rule::MinProb(0.5).follows_division(0.6));
+        assert!(!Rule::RemoveNoise(Some(0.3)).follows_division(0.5));
+        assert!(!Rule::KeepFraction(0.7).follows_division(0.5));
+        assert!(!Rule::TargetPrecision(0.95).follows_division(0.5));
     }
 
     #[test]

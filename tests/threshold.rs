@@ -294,6 +294,10 @@ fn fit_warns_on_noise_free_data_and_on_data_without_signal() {
         .unwrap()
         .starts_with("no noise found"));
     assert!(s["signal"]["random_like_share"].as_f64().unwrap() <= 0.02);
+    // The labels keep the run's warnings.
+    let (_, meta) = read_labels(&run.join("labels.parquet")).unwrap();
+    let kept: serde_json::Value = serde_json::from_str(&meta["ncclean.warnings"]).unwrap();
+    assert_eq!(kept, s["warnings"]);
     assert!(s["mixture"]["separation"].as_f64().is_some());
 
     // Every caption on another image: nothing to learn.
@@ -312,6 +316,8 @@ fn fit_warns_on_noise_free_data_and_on_data_without_signal() {
         "{err}"
     );
     assert_eq!(stats(&run)["warnings"], serde_json::json!([]));
+    let (_, meta) = read_labels(&run.join("labels.parquet")).unwrap();
+    assert!(!meta.contains_key("ncclean.warnings"), "{meta:?}");
 
     // The same data with a cut that keeps 99% (all 2,000 here: the lowest
     // clean_prob are tied at 0, and a cut keeps a whole tie group): the
@@ -333,6 +339,122 @@ fn fit_warns_on_noise_free_data_and_on_data_without_signal() {
         "{err}"
     );
     assert_eq!(s["warnings"].as_array().unwrap().len(), 1, "{s}");
+}
+
+#[test]
+fn score_warns_about_each_file_whose_pairs_look_random() {
+    let tmp = tempfile::tempdir().unwrap();
+    let noisy = data(tmp.path(), "noisy", 0.3);
+    let run = tmp.path().join("run");
+    fit(&noisy, &run, &[]);
+    let score = |args: &[&str]| {
+        let out = ncclean(args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "score {args:?} failed:\n{err}");
+        let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (err, summary)
+    };
+    // Data like the training data: nothing to say.
+    let labels = tmp.path().join("labels.parquet");
+    let (err, summary) = score(&[
+        "score",
+        p(&noisy),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&labels),
+    ]);
+    assert!(!err.contains("warning"), "{err}");
+    assert_eq!(summary["warnings"], serde_json::json!([]));
+
+    // Six shards of 200 pairs each, every caption on another image: each
+    // file is said to have no signal, five on stderr, all six on stdout.
+    let shards = tmp.path().join("shards");
+    std::fs::create_dir(&shards).unwrap();
+    for k in 0..6 {
+        let raw = tmp.path().join(format!("raw{k}"));
+        let seed = k.to_string();
+        ok(&[
+            "demo",
+            "--out",
+            p(&raw),
+            "--pairs",
+            "200",
+            "--embedding-dim",
+            "32",
+            "--seed",
+            &seed,
+        ]);
+        let shard = shards.join(format!("s{k}.parquet"));
+        let demo = raw.join("demo.parquet");
+        ok(&[
+            "corrupt",
+            p(&demo),
+            "--rate",
+            "1",
+            "--seed",
+            "1",
+            "--out",
+            p(&shard),
+        ]);
+    }
+    let out_dir = tmp.path().join("labels");
+    let (err, summary) = score(&[
+        "score",
+        p(&shards),
+        "--checkpoint",
+        p(&run),
+        "--out-dir",
+        p(&out_dir),
+    ]);
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains(": no signal: "))
+        .collect();
+    assert_eq!(said.len(), 5, "{err}");
+    // Named as the file was found: the directory's path joined to its name.
+    let first = format!(
+        "warning: {}: no signal: the model scores",
+        p(&shards.join("s0.parquet"))
+    );
+    assert!(said[0].starts_with(&first), "{err}");
+    assert!(
+        err.contains("warning: 1 more file warned as above; the summary on stdout lists"),
+        "{err}"
+    );
+    let all = summary["warnings"].as_array().unwrap();
+    assert_eq!(all.len(), 6, "{summary}");
+    // Each shard's labels keep its own warning.
+    let (_, kept) = read_labels(&out_dir.join("s5.parquet")).unwrap();
+    let kept: Vec<String> = serde_json::from_str(&kept["ncclean.warnings"]).unwrap();
+    assert_eq!(kept, [all[5].as_str().unwrap()]);
+    let last = format!("{}: no signal: ", p(&shards.join("s5.parquet")));
+    assert!(all[5].as_str().unwrap().starts_with(&last), "{summary}");
+    // The same shards in one labels file: one warning a file.
+    let (_, summary) = score(&[
+        "score",
+        p(&shards),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&labels),
+    ]);
+    assert_eq!(
+        summary["warnings"].as_array().unwrap().len(),
+        6,
+        "{summary}"
+    );
+    // And with the mixture refitted on them, read whole.
+    let (_, refit) = score(&[
+        "score",
+        p(&shards),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&labels),
+        "--refit",
+    ]);
+    assert_eq!(refit["warnings"], summary["warnings"]);
 }
 
 #[test]

@@ -66,6 +66,31 @@ impl LocalFeatures {
         Ok(())
     }
 
+    /// The local features of pairs `idx` alone, in that order: only the
+    /// items they use are kept (still once each).
+    pub fn select(&self, idx: &[usize]) -> LocalFeatures {
+        let mut renumber = vec![u32::MAX; self.offsets.len().saturating_sub(1)];
+        let mut out = LocalFeatures {
+            dim: self.dim,
+            data: Vec::new(),
+            offsets: vec![0],
+            index: Vec::with_capacity(idx.len()),
+        };
+        for &i in idx {
+            let k = self.index[i] as usize;
+            if renumber[k] == u32::MAX {
+                renumber[k] = (out.offsets.len() - 1) as u32;
+                let (a, b) = (self.offsets[k], self.offsets[k + 1]);
+                out.data
+                    .extend_from_slice(&self.data[a * self.dim..b * self.dim]);
+                out.offsets
+                    .push(out.offsets[out.offsets.len() - 1] + (b - a));
+            }
+            out.index.push(renumber[k]);
+        }
+        out
+    }
+
     /// Gather the sets of pairs `idx`, padded to the longest.
     pub fn batch(&self, idx: &[usize], device: &Device) -> Result<LocalBatch> {
         let span = |i: usize| {
@@ -329,6 +354,47 @@ impl TextInputs {
 }
 
 impl PairInputs {
+    /// Pairs `idx` alone, in that order (a copy): a sample to embed
+    /// without embedding every pair.
+    pub fn select(&self, idx: &[usize]) -> PairInputs {
+        let rows = |data: &[f32], dim: usize| {
+            let mut out = Vec::with_capacity(idx.len() * dim);
+            for &i in idx {
+                out.extend_from_slice(&data[i * dim..(i + 1) * dim]);
+            }
+            out
+        };
+        let images = match &self.images {
+            ImageInputs::Pixels { data, size } => {
+                let per = 3 * size * size;
+                let mut out = Vec::with_capacity(idx.len() * per);
+                for &i in idx {
+                    out.extend_from_slice(&data[i * per..(i + 1) * per]);
+                }
+                ImageInputs::Pixels {
+                    data: out,
+                    size: *size,
+                }
+            }
+            ImageInputs::Embeddings { data, dim, local } => ImageInputs::Embeddings {
+                data: rows(data, *dim),
+                dim: *dim,
+                local: local.as_ref().map(|l| l.select(idx)),
+            },
+        };
+        let texts = match &self.texts {
+            TextInputs::Tokens(t) => {
+                TextInputs::Tokens(idx.iter().map(|&i| t[i].clone()).collect())
+            }
+            TextInputs::Embeddings { data, dim, local } => TextInputs::Embeddings {
+                data: rows(data, *dim),
+                dim: *dim,
+                local: local.as_ref().map(|l| l.select(idx)),
+            },
+        };
+        PairInputs { images, texts }
+    }
+
     /// Number of pairs.
     pub fn len(&self) -> usize {
         self.images.len()
@@ -427,6 +493,105 @@ mod tests {
             ..local
         };
         assert!(stray.check().unwrap_err().contains("item 2 of 2"));
+        Ok(())
+    }
+
+    #[test]
+    fn a_selection_gathers_what_the_whole_gathers() -> Result<()> {
+        let dev = Device::Cpu;
+        // item 0: vectors (1, 2), (3, 4); item 1: (5, 6); pairs 0 and 2 use item 1
+        let local = LocalFeatures {
+            dim: 2,
+            data: [1., 2., 3., 4., 5., 6.].map(f16::from_f32).to_vec(),
+            offsets: vec![0, 2, 3],
+            index: vec![1, 0, 1],
+        };
+        // Only the items used are kept, once each, numbered in order of use.
+        let one = local.select(&[2, 0]);
+        assert_eq!(one.offsets, [0, 1]);
+        assert_eq!(one.index, [0, 0]);
+        assert_eq!(one.data, [5., 6.].map(f16::from_f32));
+        let both = local.select(&[1, 2]);
+        assert_eq!(both.offsets, [0, 2, 3]);
+        assert_eq!(both.index, [0, 1]);
+        both.check().map_err(candle_core::Error::Msg)?;
+        let pairs = [
+            PairInputs {
+                images: ImageInputs::Pixels {
+                    data: (0..18).collect(),
+                    size: 1,
+                },
+                texts: TextInputs::Tokens(vec![vec![1], vec![2, 3], vec![4, 5, 6]]),
+            },
+            PairInputs {
+                images: ImageInputs::Embeddings {
+                    data: (0..6).map(|v| v as f32).collect(),
+                    dim: 2,
+                    local: Some(local.clone()),
+                },
+                texts: TextInputs::Embeddings {
+                    data: (0..9).map(|v| v as f32 * 0.5).collect(),
+                    dim: 3,
+                    local: Some(local),
+                },
+            },
+        ];
+        let flat =
+            |t: &Tensor| -> Result<Vec<f32>> { t.to_dtype(DType::F32)?.flatten_all()?.to_vec1() };
+        for whole in &pairs {
+            let picked = whole.select(&[2, 0]);
+            assert_eq!(picked.len(), 2);
+            let (a, b) = (
+                whole.images.batch(&[2, 0], &dev)?,
+                picked.images.batch(&[0, 1], &dev)?,
+            );
+            match (a, b) {
+                (ImageBatch::Pixels(a), ImageBatch::Pixels(b)) => assert_eq!(flat(&a)?, flat(&b)?),
+                (
+                    ImageBatch::Embeddings {
+                        global: a,
+                        local: la,
+                    },
+                    ImageBatch::Embeddings {
+                        global: b,
+                        local: lb,
+                    },
+                ) => {
+                    assert_eq!(flat(&a)?, flat(&b)?);
+                    let (la, lb) = (la.expect("local"), lb.expect("local"));
+                    assert_eq!(flat(&la.feats)?, flat(&lb.feats)?);
+                    assert_eq!(flat(&la.mask)?, flat(&lb.mask)?);
+                }
+                _ => panic!("the selection changed the image kind"),
+            }
+            match (
+                whole.texts.batch(&[2, 0], &dev)?,
+                picked.texts.batch(&[0, 1], &dev)?,
+            ) {
+                (
+                    TextBatch::Tokens { ids: a, mask: ma },
+                    TextBatch::Tokens { ids: b, mask: mb },
+                ) => {
+                    assert_eq!(flat(&a)?, flat(&b)?);
+                    assert_eq!(flat(&ma)?, flat(&mb)?);
+                }
+                (
+                    TextBatch::Embeddings {
+                        global: a,
+                        local: la,
+                    },
+                    TextBatch::Embeddings {
+                        global: b,
+                        local: lb,
+                    },
+                ) => {
+                    assert_eq!(flat(&a)?, flat(&b)?);
+                    let (la, lb) = (la.expect("local"), lb.expect("local"));
+                    assert_eq!(flat(&la.feats)?, flat(&lb.feats)?);
+                }
+                _ => panic!("the selection changed the text kind"),
+            }
+        }
         Ok(())
     }
 }

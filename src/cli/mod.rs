@@ -56,6 +56,11 @@ enum Command {
     /// Train a noise-robust matcher and write labels, a filtered dataset and a checkpoint.
     Fit(fit::FitArgs),
     /// Score pairs with a trained checkpoint (the same code path as fit's final scoring).
+    ///
+    /// Each input file is also checked against random pairings of its own images and
+    /// captions (up to 1,024 pairs): a file the model has no signal on, or whose cut keeps
+    /// clearly more or fewer pairs than that check says match, is warned about by name
+    /// (on stderr, and under "warnings" in the summary on stdout).
     Score(score::ScoreArgs),
     /// Keep the rows that labels call clean (or above a probability, or a top fraction).
     Filter(filter::FilterArgs),

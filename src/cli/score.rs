@@ -120,9 +120,9 @@ fn counts(labels: &[LabelRow], pairs: usize, noisy: usize) -> Counts {
 
 /// Score the one file of `input` a block at a time ([`Engine::score_file`]):
 /// each block's labels go to `out` as they come, and which rows are clean
-/// to `keep` (one flag per row of the file) when given. Returns the file's
-/// counts, its tally of the engine's cut and seconds in the model's
-/// scoring pass.
+/// to `keep` (one flag per row of the file) when given; the file's signal
+/// warning goes to `warnings`. Returns the file's counts, its tally of the
+/// engine's cut and seconds in the model's scoring pass.
 fn stream_file(
     engine: &Engine,
     input: &InputSet,
@@ -130,6 +130,7 @@ fn stream_file(
     rep: &Reporter,
     out: &mut LabelsWriter,
     mut kept: Option<&mut Kept>,
+    warnings: &mut FileWarnings,
 ) -> Result<(Counts, crate::threshold::Tally, f64)> {
     let mut total = Counts::default();
     let mut tally = crate::threshold::Tally::default();
@@ -142,9 +143,44 @@ fn stream_file(
         total.add(&counts(&block.labels, block.pairs, block.noisy));
         tally.merge(&block.tally);
         seconds += block.seconds;
+        if let Some(w) = block.warning {
+            warnings.add(w);
+        }
         Ok(())
     })?;
     Ok((total, tally, seconds))
+}
+
+/// Files whose check against random pairings warned: the first
+/// [`FileWarnings::SHOWN`] are said on stderr as they come, every one is
+/// listed in the summary on stdout.
+#[derive(Default)]
+struct FileWarnings {
+    all: Vec<String>,
+}
+
+impl FileWarnings {
+    /// Warnings said on stderr; more would bury the progress of a
+    /// thousand-shard run.
+    const SHOWN: usize = 5;
+
+    fn add(&mut self, w: String) {
+        if self.all.len() < Self::SHOWN {
+            crate::progress::warn_once(&w);
+        }
+        self.all.push(w);
+    }
+
+    /// Say how many were not shown.
+    fn finish(&self) {
+        if let Some(more) = self.all.len().checked_sub(Self::SHOWN).filter(|&m| m > 0) {
+            let files = if more == 1 { "file" } else { "files" };
+            crate::progress::warn_once(&format!(
+                "{more} more {files} warned as above; the summary on stdout lists every warning \
+                 (\"warnings\")"
+            ));
+        }
+    }
 }
 
 /// What `--filtered` needs of the labels: each row's decision and label
@@ -218,10 +254,24 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
     let mut seconds = 0.0;
     // `--filtered`: each file's decisions and kept rows' label values.
     let mut kept = Kept::default();
+    let mut warnings = FileWarnings::default();
     if a.refit {
         // The refitted mixture needs every pair's statistic at once.
         let prepared = engine.prepare(&input, &cache, rep)?;
         let scored = engine.score_rows(&input, &prepared, true, rep)?;
+        for f in 0..input.files.len() {
+            let pairs: Vec<usize> = (0..prepared.ok.len())
+                .filter(|&k| prepared.rows[prepared.ok[k]].file == f)
+                .collect();
+            let probs: Vec<f32> = pairs
+                .iter()
+                .filter_map(|&k| scored.labels[prepared.ok[k]].clean_prob)
+                .collect();
+            let name = input.display_name(f);
+            if let Some(w) = engine.signal_warning(&name, &prepared.inputs, &pairs, &probs)? {
+                warnings.add(w);
+            }
+        }
         writer.write(&scored.labels)?;
         let noisy = (scored.estimated_noise_rate * scored.pairs as f64).round() as usize;
         total = counts(&scored.labels, scored.pairs, noisy);
@@ -242,7 +292,15 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
                 kept.start_file(piece.num_rows());
                 &mut kept
             });
-            let (c, t, s) = stream_file(engine, &piece, &cache, rep, &mut writer, filtered)?;
+            let (c, t, s) = stream_file(
+                engine,
+                &piece,
+                &cache,
+                rep,
+                &mut writer,
+                filtered,
+                &mut warnings,
+            )?;
             total.add(&c);
             tally.merge(&t);
             seconds += s;
@@ -256,6 +314,7 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
         rows: total.rows,
         skipped: total.skipped,
         cut,
+        warnings: warnings.all.clone(),
     })?;
     writer.finish(&metadata)?;
     let mut filtered_rows = None;
@@ -286,6 +345,7 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
     if let Some(p) = filtered_out {
         p.commit()?;
     }
+    warnings.finish();
     let pps = total.usable as f64 / f64::max(seconds, 1e-9);
     rep.info(&format!(
         "scored {} pairs ({} skipped) in {seconds:.2}s ({pps:.0} pairs/s): {}",
@@ -300,6 +360,7 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
             "skipped": total.skipped, "clean": total.kept, "estimated_noise_rate": noise,
             "min_prob": cut.min_prob, "expected_precision": cut.expected_precision,
             "pairs_per_second": pps, "filtered_rows": filtered_rows,
+            "warnings": warnings.all,
         })
     );
     a.outcome.check(total.rows, total.skipped)?;
@@ -315,6 +376,7 @@ fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Res
     // The column options and image limits decide which rows are usable:
     // changing them redoes the shards too.
     // So do the cut: shards labelled under another rule are redone.
+    let mut warnings = FileWarnings::default();
     let source = format!(
         "checkpoint sha256 {}; is_clean clean_prob >= {}; input options {}",
         crate::checkpoint::sha256(&engine.dir)?,
@@ -336,18 +398,29 @@ fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Res
         |shard| {
             // Written under a temporary name, renamed in when complete.
             let mut writer = LabelsWriter::create(&shard.path)?;
-            let (c, t, _) = stream_file(engine, shard.input, &cache, rep, &mut writer, None)?;
+            let before = warnings.all.len();
+            let (c, t, _) = stream_file(
+                engine,
+                shard.input,
+                &cache,
+                rep,
+                &mut writer,
+                None,
+                &mut warnings,
+            )?;
             let metadata = engine.metadata(&LabelsSummary {
                 refit: false,
                 input_fingerprint: shard.input.fingerprint()?,
                 rows: c.rows,
                 skipped: c.skipped,
                 cut: engine.cut_over(&t),
+                warnings: warnings.all[before..].to_vec(),
             })?;
             writer.finish(&metadata)?;
             Ok(c)
         },
     )?;
+    warnings.finish();
     let c = summary.counts;
     let noise = c.noisy as f64 / c.usable.max(1) as f64;
     rep.info(&format!(
@@ -366,7 +439,7 @@ fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Res
             "out_dir": dir.display().to_string(), "shards": summary.shards, "done": summary.done,
             "already_done": summary.already_done, "rows": c.rows, "usable": c.usable,
             "skipped": c.skipped, "clean": c.kept, "estimated_noise_rate": noise,
-            "seconds": summary.seconds,
+            "seconds": summary.seconds, "warnings": warnings.all,
         })
     );
     a.outcome.check(c.rows, c.skipped)

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use candle_core::Device;
-use ncclean_models::{ImageTowerConfig, TextTowerConfig};
+use candle_core::{Device, Tensor};
+use ncclean_models::{ImageTowerConfig, PairInputs, TextTowerConfig};
 use ncclean_pipelines::{PairScores, Pipeline};
 
 use super::labels::{config_hash, label_rows};
@@ -20,7 +20,11 @@ use crate::encoders::{ImageEncoder, TextEncoder};
 use crate::error::{invalid, pipeline_at, Error, Result};
 use crate::features::CacheOptions;
 use crate::progress::Reporter;
+use crate::signal::{self, SignalCheck};
 use crate::threshold::{self, Cut, Record, Rule, Tally};
+
+/// Pairs of a signal check's sample embedded at a time.
+const SIGNAL_PIECE: usize = 128;
 
 /// A trained pipeline rebuilt from a checkpoint.
 pub struct Engine {
@@ -210,7 +214,85 @@ impl Engine {
             .pipeline
             .embed(&prepared.inputs)
             .context("embedding pairs")?;
-        let mut acc: Option<candle_core::Tensor> = None;
+        self.similarities(&per_net, images, captions)
+    }
+
+    /// [`SignalCheck`] of this model on at most [`signal::SAMPLE_PAIRS`]
+    /// evenly spaced pairs of `pairs` (positions in `inputs`): only those
+    /// are embedded. `None` with fewer than 2.
+    pub fn signal_check(
+        &self,
+        inputs: &PairInputs,
+        pairs: &[usize],
+    ) -> Result<Option<SignalCheck>> {
+        let picked: Vec<usize> = signal::sample(pairs.len())
+            .into_iter()
+            .map(|k| pairs[k])
+            .collect();
+        if picked.len() < 2 {
+            return Ok(None);
+        }
+        // A few pairs at a time: the sample's local features (a frozen
+        // tower's grid per image, 125 KB each) would otherwise be copied
+        // and widened to f32 all at once, beside the block being scored.
+        let mut pieces: Vec<Vec<(Tensor, Tensor)>> = Vec::new();
+        for piece in picked.chunks(SIGNAL_PIECE) {
+            let per_net = self.pipeline.embed(&inputs.select(piece));
+            pieces.push(per_net.context("embedding pairs")?);
+        }
+        let nets = pieces.first().map_or(0, Vec::len);
+        let per_net = (0..nets)
+            .map(|k| {
+                let side = |pick: fn(&(Tensor, Tensor)) -> &Tensor| {
+                    let parts: Vec<&Tensor> = pieces.iter().map(|p| pick(&p[k])).collect();
+                    Tensor::cat(&parts, 0)
+                };
+                Ok((side(|e| &e.0)?, side(|e| &e.1)?))
+            })
+            .collect::<candle_core::Result<Vec<_>>>()
+            .context("embedding pairs")?;
+        let all: Vec<usize> = (0..picked.len()).collect();
+        let sim = self.similarities(&per_net, &all, &all)?;
+        Ok(SignalCheck::of(&sim, picked.len()))
+    }
+
+    /// `score`'s warning about the file `name`, whose usable pairs are
+    /// `pairs` (positions in `inputs`), scored `clean_prob`: what a
+    /// [`SignalCheck`] on them says of its cut, if anything. Files of fewer
+    /// than [`signal::MIN_PAIRS`] pairs are not judged (nor embedded).
+    pub fn signal_warning(
+        &self,
+        name: &str,
+        inputs: &PairInputs,
+        pairs: &[usize],
+        clean_prob: &[f32],
+    ) -> Result<Option<String>> {
+        if pairs.len() < signal::MIN_PAIRS {
+            return Ok(None);
+        }
+        let Some(check) = self.signal_check(inputs, pairs)? else {
+            return Ok(None);
+        };
+        let mut tally = Tally::default();
+        tally.add(clean_prob, self.cut.min_prob);
+        let cut = self.cut_over(&tally);
+        Ok(check.score_warning(
+            name,
+            cut.estimated_noise_rate,
+            1.0 - cut.kept_fraction(),
+            cut.rule.follows_division(self.state.config.threshold),
+        ))
+    }
+
+    /// The similarity matrix `images × captions` of embedded pairs (each
+    /// network's image and caption embeddings), the networks averaged.
+    fn similarities(
+        &self,
+        per_net: &[(Tensor, Tensor)],
+        images: &[usize],
+        captions: &[usize],
+    ) -> Result<Vec<f32>> {
+        let mut acc: Option<Tensor> = None;
         let to_ids = |v: &[usize]| {
             candle_core::Tensor::from_vec(
                 v.iter().map(|&i| i as u32).collect::<Vec<_>>(),
@@ -222,7 +304,7 @@ impl Engine {
             to_ids(images).context("index")?,
             to_ids(captions).context("index")?,
         );
-        for (vi, vt) in &per_net {
+        for (vi, vt) in per_net {
             let s = vi
                 .index_select(&ii, 0)
                 .and_then(|a| a.matmul(&vt.index_select(&cc, 0)?.t()?))
@@ -256,6 +338,7 @@ impl Engine {
             rows: rows.labels.len(),
             skipped: prepared.skipped(),
             cut: self.cut_over(&rows.tally),
+            warnings: Vec::new(),
         })?;
         Ok(Scored { metadata, ..rows })
     }
@@ -383,6 +466,10 @@ impl Engine {
         );
         put(&mut metadata, "rows", s.rows.to_string());
         put(&mut metadata, "skipped", s.skipped.to_string());
+        if !s.warnings.is_empty() {
+            let warnings = serde_json::to_string(&s.warnings).context("serialising warnings")?;
+            put(&mut metadata, "warnings", warnings);
+        }
         Ok(metadata)
     }
 }
@@ -401,6 +488,9 @@ pub struct LabelsSummary {
     /// The cut over the scored pairs: its rule, precision and the
     /// estimated noise rate.
     pub cut: Cut,
+    /// Warnings about the run or the scored files (the check against
+    /// random pairings), kept with the labels they concern.
+    pub warnings: Vec<String>,
 }
 
 fn check_compatible(input: &InputSet, state: &CheckpointState) -> Result<()> {

@@ -22,7 +22,7 @@ use crate::features::CacheOptions;
 use crate::progress::Reporter;
 use crate::rundir::{self, RunDir};
 use crate::sample::{Sample, SampleInfo};
-use crate::signal::{self, MixtureSummary, SignalCheck};
+use crate::signal::{MixtureSummary, SignalCheck};
 use crate::threshold::{Cut, Record, Rule};
 
 /// What `fit` was asked to do.
@@ -328,13 +328,15 @@ pub fn fit(
     }
     rep.info(&cut.summary());
     let division = division_summary(&engine.state)?;
-    let signal = signal_check(&engine, &prepared)?;
+    let all: Vec<usize> = (0..prepared.ok.len()).collect();
+    let signal = engine.signal_check(&prepared.inputs, &all)?;
     let mut warnings: Vec<String> = division.warning().into_iter().collect();
     if division.fallback.is_none() {
         if let Some(s) = &signal {
             warnings.extend(s.warnings(
                 cut.estimated_noise_rate,
                 1.0 - cut.kept_fraction(),
+                rule.follows_division(cfg.threshold),
                 &division.describe(),
             ));
         }
@@ -348,6 +350,7 @@ pub fn fit(
         rows: scored.labels.len(),
         skipped: prepared.skipped(),
         cut,
+        warnings: warnings.clone(),
     })?;
     let labels_path = out.join("labels.parquet");
     data::write_labels(&labels_path, &scored.labels, &metadata)?;
@@ -427,13 +430,6 @@ fn division_summary(state: &CheckpointState) -> Result<MixtureSummary> {
     let division = serde_json::from_value(state.pipeline["division"].clone())
         .context("reading the final division from the checkpoint state")?;
     Ok(MixtureSummary::of(&division))
-}
-
-/// [`SignalCheck`] of the trained model on a sample of the training pairs.
-fn signal_check(engine: &Engine, prepared: &super::Prepared) -> Result<Option<SignalCheck>> {
-    let idx = signal::sample(prepared.ok.len());
-    let sim = engine.similarity_matrix(prepared, &idx, &idx)?;
-    Ok(SignalCheck::of(&sim, idx.len()))
 }
 
 /// The error for a stop during epoch `e` (0-based) of `total`, saying what

@@ -10,7 +10,10 @@
 //! every block's rows; the second pass prepares the rows of one block,
 //! scores it as that block of the file ([`ScoreBlocks::part`]), hands its
 //! labels to the caller and lets go of it. The labels are those of scoring
-//! the file whole, bit for bit.
+//! the file whole, bit for bit. A file's first block is also checked
+//! against random pairings of its own images and captions
+//! ([`Engine::signal_warning`]): a file unlike the training data, or far
+//! noisier, is said to be.
 
 use std::time::Instant;
 
@@ -40,6 +43,9 @@ pub struct BlockLabels {
     pub tally: crate::threshold::Tally,
     /// Seconds in the model's scoring pass.
     pub seconds: f64,
+    /// What a check against random pairings of the file's first block says
+    /// of its cut ([`Engine::signal_warning`]); `None` on later blocks.
+    pub warning: Option<String>,
 }
 
 /// Which rows of a file are usable pairs: one bit a row.
@@ -214,12 +220,21 @@ impl Engine {
         tally.add(&scores.clean_prob, min_prob);
         let pairs = prepared.ok.len();
         let noise = crate::threshold::estimated_noise_rate(&scores.clean_prob);
+        // One check a file, on its first block (a file's blocks are alike).
+        let warning = if block.index == 0 {
+            let all: Vec<usize> = (0..pairs).collect();
+            let name = input.display_name(0);
+            self.signal_warning(&name, &prepared.inputs, &all, &scores.clean_prob)?
+        } else {
+            None
+        };
         Ok(BlockLabels {
             labels,
             pairs,
             noisy: (noise * pairs as f64).round() as usize,
             tally,
             seconds,
+            warning,
         })
     }
 
