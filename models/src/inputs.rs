@@ -449,17 +449,21 @@ mod tests {
         Ok(())
     }
 
-    #[test]
-    fn local_features_are_shared_per_item_and_padded_per_batch() -> Result<()> {
-        let dev = Device::Cpu;
-        // item 0: two vectors (1, 2), (3, 4); item 1: one vector (5, 6);
-        // pairs 0 and 2 share item 1
-        let local = LocalFeatures {
+    /// Item 0: two vectors (1, 2), (3, 4); item 1: one vector (5, 6);
+    /// pairs 0 and 2 share item 1.
+    fn two_items() -> LocalFeatures {
+        LocalFeatures {
             dim: 2,
             data: [1., 2., 3., 4., 5., 6.].map(f16::from_f32).to_vec(),
             offsets: vec![0, 2, 3],
             index: vec![1, 0, 1],
-        };
+        }
+    }
+
+    #[test]
+    fn local_features_are_shared_per_item_and_padded_per_batch() -> Result<()> {
+        let dev = Device::Cpu;
+        let local = two_items();
         local.check().map_err(candle_core::Error::Msg)?;
         let texts = TextInputs::Embeddings {
             data: vec![0.0; 6],
@@ -496,16 +500,46 @@ mod tests {
         Ok(())
     }
 
+    /// Every value of a tensor, as f32.
+    fn flat(t: &Tensor) -> Result<Vec<f32>> {
+        t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()
+    }
+
+    /// Local vectors and mask of a batch, when loaded.
+    fn local_parts(local: Option<LocalBatch>) -> Result<Vec<Vec<f32>>> {
+        local.map_or(Ok(Vec::new()), |l| {
+            Ok(vec![flat(&l.feats)?, flat(&l.mask)?])
+        })
+    }
+
+    /// An image batch's kind and every tensor's values.
+    fn image_parts(b: ImageBatch) -> Result<(&'static str, Vec<Vec<f32>>)> {
+        Ok(match b {
+            ImageBatch::Pixels(t) => ("pixels", vec![flat(&t)?]),
+            ImageBatch::Embeddings { global, local } => {
+                let mut parts = vec![flat(&global)?];
+                parts.extend(local_parts(local)?);
+                ("embeddings", parts)
+            }
+        })
+    }
+
+    /// A text batch's kind and every tensor's values.
+    fn text_parts(b: TextBatch) -> Result<(&'static str, Vec<Vec<f32>>)> {
+        Ok(match b {
+            TextBatch::Tokens { ids, mask } => ("tokens", vec![flat(&ids)?, flat(&mask)?]),
+            TextBatch::Embeddings { global, local } => {
+                let mut parts = vec![flat(&global)?];
+                parts.extend(local_parts(local)?);
+                ("embeddings", parts)
+            }
+        })
+    }
+
     #[test]
     fn a_selection_gathers_what_the_whole_gathers() -> Result<()> {
         let dev = Device::Cpu;
-        // item 0: vectors (1, 2), (3, 4); item 1: (5, 6); pairs 0 and 2 use item 1
-        let local = LocalFeatures {
-            dim: 2,
-            data: [1., 2., 3., 4., 5., 6.].map(f16::from_f32).to_vec(),
-            offsets: vec![0, 2, 3],
-            index: vec![1, 0, 1],
-        };
+        let local = two_items();
         // Only the items used are kept, once each, numbered in order of use.
         let one = local.select(&[2, 0]);
         assert_eq!(one.offsets, [0, 1]);
@@ -536,61 +570,21 @@ mod tests {
                 },
             },
         ];
-        let flat =
-            |t: &Tensor| -> Result<Vec<f32>> { t.to_dtype(DType::F32)?.flatten_all()?.to_vec1() };
         for whole in &pairs {
             let picked = whole.select(&[2, 0]);
             assert_eq!(picked.len(), 2);
             let (a, b) = (
-                whole.images.batch(&[2, 0], &dev)?,
-                picked.images.batch(&[0, 1], &dev)?,
+                image_parts(whole.images.batch(&[2, 0], &dev)?)?,
+                image_parts(picked.images.batch(&[0, 1], &dev)?)?,
             );
-            match (a, b) {
-                (ImageBatch::Pixels(a), ImageBatch::Pixels(b)) => assert_eq!(flat(&a)?, flat(&b)?),
-                (
-                    ImageBatch::Embeddings {
-                        global: a,
-                        local: la,
-                    },
-                    ImageBatch::Embeddings {
-                        global: b,
-                        local: lb,
-                    },
-                ) => {
-                    assert_eq!(flat(&a)?, flat(&b)?);
-                    let (la, lb) = (la.expect("local"), lb.expect("local"));
-                    assert_eq!(flat(&la.feats)?, flat(&lb.feats)?);
-                    assert_eq!(flat(&la.mask)?, flat(&lb.mask)?);
-                }
-                _ => panic!("the selection changed the image kind"),
-            }
-            match (
-                whole.texts.batch(&[2, 0], &dev)?,
-                picked.texts.batch(&[0, 1], &dev)?,
-            ) {
-                (
-                    TextBatch::Tokens { ids: a, mask: ma },
-                    TextBatch::Tokens { ids: b, mask: mb },
-                ) => {
-                    assert_eq!(flat(&a)?, flat(&b)?);
-                    assert_eq!(flat(&ma)?, flat(&mb)?);
-                }
-                (
-                    TextBatch::Embeddings {
-                        global: a,
-                        local: la,
-                    },
-                    TextBatch::Embeddings {
-                        global: b,
-                        local: lb,
-                    },
-                ) => {
-                    assert_eq!(flat(&a)?, flat(&b)?);
-                    let (la, lb) = (la.expect("local"), lb.expect("local"));
-                    assert_eq!(flat(&la.feats)?, flat(&lb.feats)?);
-                }
-                _ => panic!("the selection changed the text kind"),
-            }
+            assert_eq!(a, b);
+            let (a, b) = (
+                text_parts(whole.texts.batch(&[2, 0], &dev)?)?,
+                text_parts(picked.texts.batch(&[0, 1], &dev)?)?,
+            );
+            assert_eq!(a, b);
+            // Embeddings come with their local features (vectors and mask).
+            assert_eq!(a.1.len(), if a.0 == "tokens" { 2 } else { 3 });
         }
         Ok(())
     }
