@@ -374,7 +374,27 @@ pub(crate) fn load_tokenizer(
     Ok((tokenizer, pad_id))
 }
 
-/// Token ids of each text (special tokens added, truncated, unpadded).
+/// Bytes of a text the tokenizer reads: the towers keep at most 128
+/// (MiniLM) or 77 (CLIP) tokens, so this prefix holds them unless the text
+/// is hostile (runs of kilobytes of spaces), and a scraped caption of
+/// megabytes costs no more than it. Tokenising it whole held about 40 bytes
+/// per byte of text for tokens that truncation then threw away.
+pub const MAX_TEXT_BYTES: usize = 64 * 1024;
+
+/// The first [`MAX_TEXT_BYTES`] of `text`, cut at a character boundary.
+pub(crate) fn text_prefix(text: &str) -> &str {
+    if text.len() <= MAX_TEXT_BYTES {
+        return text;
+    }
+    let mut end = MAX_TEXT_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Token ids of each text (special tokens added, truncated, unpadded),
+/// read from its first [`MAX_TEXT_BYTES`].
 pub(crate) fn encode_texts(
     tokenizer: &tokenizers::Tokenizer,
     texts: &[&str],
@@ -386,9 +406,15 @@ pub(crate) fn encode_texts(
         .iter()
         .map(|text| {
             tokenizer
-                .encode(*text, true)
+                .encode(text_prefix(text), true)
                 .map(|enc| enc.get_ids().to_vec())
-                .map_err(|e| candle_core::Error::Msg(format!("tokenising {text:?}: {e}")))
+                .map_err(|e| {
+                    let shown: String = text.chars().take(80).collect();
+                    candle_core::Error::Msg(format!(
+                        "tokenising {shown:?} ({} bytes): {e}",
+                        text.len()
+                    ))
+                })
         })
         .collect()
 }
@@ -533,6 +559,36 @@ mod tests {
             )),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
         );
+    }
+
+    #[test]
+    fn long_texts_are_cut_at_a_character_boundary() {
+        assert_eq!(text_prefix("a dog"), "a dog");
+        let exact = "a".repeat(MAX_TEXT_BYTES);
+        assert_eq!(text_prefix(&exact).len(), MAX_TEXT_BYTES);
+        // '€' is 3 bytes: 65,536 falls inside one, so the cut is at 65,535.
+        let euros = "€".repeat(MAX_TEXT_BYTES);
+        let cut = text_prefix(&euros);
+        assert_eq!(cut.len(), MAX_TEXT_BYTES - 1);
+        assert!(cut.chars().all(|c| c == '€'));
+    }
+
+    #[test]
+    fn a_long_caption_tokenises_as_its_prefix_does() {
+        let Some(dir) = default_minilm_dir() else {
+            eprintln!("skipped: MiniLM not found (run bash scripts/fetch_minilm.sh)");
+            return;
+        };
+        let (tokenizer, _) = load_tokenizer(&dir, 128).unwrap();
+        // 1.1 MB of words: the 128 tokens kept are the same as when the
+        // whole text is tokenised and truncated.
+        let words: Vec<String> = (0..100_000).map(|i| format!("dog{i}")).collect();
+        let long = format!("a brown dog runs on the grass {}", words.join(" "));
+        assert!(long.len() > 10 * MAX_TEXT_BYTES);
+        let whole = tokenizer.encode(long.as_str(), true).unwrap();
+        let ids = encode_texts(&tokenizer, &[long.as_str()]).unwrap();
+        assert_eq!(ids[0], whole.get_ids());
+        assert_eq!(ids[0].len(), 128);
     }
 
     #[test]
