@@ -13,7 +13,7 @@
 //! the file whole, bit for bit. A file's first block is also checked
 //! against random pairings of its own images and captions
 //! ([`Engine::signal_warning`]): a file unlike the training data, or far
-//! noisier, is said to be.
+//! noisier or cleaner, is said to be.
 
 use std::time::Instant;
 
