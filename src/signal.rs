@@ -52,6 +52,9 @@ pub const OVERSTATED_BY: f64 = 0.05;
 /// bound of the noise rate, but a sampled one: on [`SAMPLE_PAIRS`] pairs its
 /// standard error is at most 0.03, so 0.10 is over three of them.
 pub const UNDERSTATED_BY: f64 = 0.10;
+/// The kept share must fall short of the signal share (less chance's 1
+/// point) by this much before the cut is said to remove matched pairs.
+pub const OVERSTATED_CUT_BY: f64 = 0.10;
 
 /// The model's similarity of pairs against random pairings, on a sample.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -65,10 +68,6 @@ pub struct SignalCheck {
     /// Twice the share of pairs below the random pairings' median, at most 1.
     pub random_like_share: f64,
 }
-
-/// The kept share must fall short of the signal share (less chance's 1
-/// point) by this much before the cut is said to remove matched pairs.
-pub const OVERSTATED_CUT_BY: f64 = 0.10;
 
 /// Evenly spaced positions of at most [`SAMPLE_PAIRS`] of `n` pairs.
 pub fn sample(n: usize) -> Vec<usize> {

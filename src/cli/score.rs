@@ -259,16 +259,20 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
         // The refitted mixture needs every pair's statistic at once.
         let prepared = engine.prepare(&input, &cache, rep)?;
         let scored = engine.score_rows(&input, &prepared, true, rep)?;
-        for f in 0..input.files.len() {
-            let pairs: Vec<usize> = (0..prepared.ok.len())
-                .filter(|&k| prepared.rows[prepared.ok[k]].file == f)
-                .collect();
-            let probs: Vec<f32> = pairs
-                .iter()
-                .filter_map(|&k| scored.labels[prepared.ok[k]].clean_prob)
-                .collect();
+        // Each file's pairs and cut, found in one pass over the pairs.
+        let files = input.files.len();
+        let mut pairs_of = vec![Vec::new(); files];
+        let mut tally_of = vec![crate::threshold::Tally::default(); files];
+        for (k, &row) in prepared.ok.iter().enumerate() {
+            let f = prepared.rows[row].file;
+            pairs_of[f].push(k);
+            if let Some(p) = scored.labels[row].clean_prob {
+                tally_of[f].add(&[p], engine.cut().min_prob);
+            }
+        }
+        for (f, (pairs, tally)) in pairs_of.iter().zip(&tally_of).enumerate() {
             let name = input.display_name(f);
-            if let Some(w) = engine.signal_warning(&name, &prepared.inputs, &pairs, &probs)? {
+            if let Some(w) = engine.signal_warning(&name, &prepared.inputs, pairs, tally)? {
                 warnings.add(w);
             }
         }

@@ -235,20 +235,20 @@ impl Engine {
         // A few pairs at a time: the sample's local features (a frozen
         // tower's grid per image, 125 KB each) would otherwise be copied
         // and widened to f32 all at once, beside the block being scored.
-        let mut pieces: Vec<Vec<(Tensor, Tensor)>> = Vec::new();
+        let (mut images, mut captions): (Vec<Vec<Tensor>>, Vec<Vec<Tensor>>) = Default::default();
         for piece in picked.chunks(SIGNAL_PIECE) {
             let per_net = self.pipeline.embed(&inputs.select(piece));
-            pieces.push(per_net.context("embedding pairs")?);
+            for (k, (vi, vt)) in per_net.context("embedding pairs")?.into_iter().enumerate() {
+                images.resize_with(images.len().max(k + 1), Vec::new);
+                captions.resize_with(captions.len().max(k + 1), Vec::new);
+                images[k].push(vi);
+                captions[k].push(vt);
+            }
         }
-        let nets = pieces.first().map_or(0, Vec::len);
-        let per_net = (0..nets)
-            .map(|k| {
-                let side = |pick: fn(&(Tensor, Tensor)) -> &Tensor| {
-                    let parts: Vec<&Tensor> = pieces.iter().map(|p| pick(&p[k])).collect();
-                    Tensor::cat(&parts, 0)
-                };
-                Ok((side(|e| &e.0)?, side(|e| &e.1)?))
-            })
+        let per_net = images
+            .iter()
+            .zip(&captions)
+            .map(|(vi, vt)| Ok((Tensor::cat(vi, 0)?, Tensor::cat(vt, 0)?)))
             .collect::<candle_core::Result<Vec<_>>>()
             .context("embedding pairs")?;
         let all: Vec<usize> = (0..picked.len()).collect();
@@ -257,15 +257,16 @@ impl Engine {
     }
 
     /// `score`'s warning about the file `name`, whose usable pairs are
-    /// `pairs` (positions in `inputs`), scored `clean_prob`: what a
-    /// [`SignalCheck`] on them says of its cut, if anything. Files of fewer
-    /// than [`signal::MIN_PAIRS`] pairs are not judged (nor embedded).
+    /// `pairs` (positions in `inputs`), with `tally` this engine's cut over
+    /// them: what a [`SignalCheck`] on them says of the cut, if anything.
+    /// Files of fewer than [`signal::MIN_PAIRS`] pairs are not judged (nor
+    /// embedded).
     pub fn signal_warning(
         &self,
         name: &str,
         inputs: &PairInputs,
         pairs: &[usize],
-        clean_prob: &[f32],
+        tally: &Tally,
     ) -> Result<Option<String>> {
         if pairs.len() < signal::MIN_PAIRS {
             return Ok(None);
@@ -273,9 +274,7 @@ impl Engine {
         let Some(check) = self.signal_check(inputs, pairs)? else {
             return Ok(None);
         };
-        let mut tally = Tally::default();
-        tally.add(clean_prob, self.cut.min_prob);
-        let cut = self.cut_over(&tally);
+        let cut = self.cut_over(tally);
         Ok(check.score_warning(
             name,
             cut.estimated_noise_rate,

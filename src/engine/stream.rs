@@ -224,7 +224,7 @@ impl Engine {
         let warning = if block.index == 0 {
             let all: Vec<usize> = (0..pairs).collect();
             let name = input.display_name(0);
-            self.signal_warning(&name, &prepared.inputs, &all, &scores.clean_prob)?
+            self.signal_warning(&name, &prepared.inputs, &all, &tally)?
         } else {
             None
         };
