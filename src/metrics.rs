@@ -111,6 +111,42 @@ pub fn precision_recall_f1(predicted: &[bool], truth: &[bool]) -> Prf {
     }
 }
 
+/// Bins of [`calibration_error`]: equal-width tenths of [0, 1].
+pub const CALIBRATION_BINS: usize = 10;
+
+/// Expected calibration error of probabilities `probs` that an item is
+/// positive: the items fall into [`CALIBRATION_BINS`] equal-width bins of
+/// their probability (1 in the last), and each bin's |mean probability −
+/// positive share| counts by its share of the items. 0 for probabilities
+/// that say exactly how often they are right; None without items.
+/// Probabilities outside [0, 1] (or NaN) go to the nearest bin.
+///
+/// # Panics
+/// If `probs` and `positive` differ in length (a caller bug, never data).
+pub fn calibration_error(probs: &[f64], positive: &[bool]) -> Option<f64> {
+    assert_eq!(probs.len(), positive.len(), "calibration_error: lengths");
+    if probs.is_empty() {
+        return None;
+    }
+    let mut count = [0usize; CALIBRATION_BINS];
+    let mut sum = [0.0f64; CALIBRATION_BINS];
+    let mut hits = [0usize; CALIBRATION_BINS];
+    for (&p, &t) in probs.iter().zip(positive) {
+        // `as usize` saturates: NaN and negatives land in bin 0.
+        let b = ((p * CALIBRATION_BINS as f64) as usize).min(CALIBRATION_BINS - 1);
+        count[b] += 1;
+        sum[b] += p;
+        hits[b] += usize::from(t);
+    }
+    let n = probs.len() as f64;
+    Some(
+        (0..CALIBRATION_BINS)
+            .filter(|&b| count[b] > 0)
+            .map(|b| (sum[b] - hits[b] as f64).abs() / n)
+            .sum(),
+    )
+}
+
 /// num/den, or 0 for 0/0 (sklearn's `zero_division=0`).
 fn ratio(num: usize, den: usize) -> f64 {
     if den == 0 {
@@ -353,5 +389,19 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn calibration_error_weighs_each_bins_gap_by_its_share() {
+        // Bin [0.9, 1]: 0.95, 1.0 (both positive): mean 0.975, share 1,
+        // gap 0.025. Bin [0.1, 0.2): 0.1, 0.1 (one positive): mean 0.1,
+        // share 0.5, gap 0.4. Each holds half: (0.025 + 0.4) / 2.
+        let e = calibration_error(&[0.95, 1.0, 0.1, 0.1], &[true, true, true, false]).unwrap();
+        assert!((e - 0.2125).abs() < 1e-12, "{e}");
+        // Right as often as they say: 0.5 with one of two positive.
+        assert_eq!(calibration_error(&[0.5, 0.5], &[true, false]), Some(0.0));
+        // Sure and wrong: the whole gap.
+        assert_eq!(calibration_error(&[0.0, 1.0], &[true, false]), Some(1.0));
+        assert_eq!(calibration_error(&[], &[]), None);
     }
 }

@@ -157,6 +157,7 @@ impl fmt::Display for Rule {
 pub struct Tally {
     scored: usize,
     kept: usize,
+    at_cut: usize,
     kept_sum: f64,
     noise_sum: f64,
     removed_noise: f64,
@@ -176,6 +177,9 @@ impl Tally {
             if p >= min_prob {
                 self.kept += 1;
                 self.kept_sum += p;
+                if p == min_prob {
+                    self.at_cut += 1;
+                }
             } else {
                 self.removed_noise += 1.0 - p;
             }
@@ -186,6 +190,7 @@ impl Tally {
     pub fn merge(&mut self, o: &Tally) {
         self.scored += o.scored;
         self.kept += o.kept;
+        self.at_cut += o.at_cut;
         self.kept_sum += o.kept_sum;
         self.noise_sum += o.noise_sum;
         self.removed_noise += o.removed_noise;
@@ -203,6 +208,10 @@ pub struct Cut {
     pub scored: usize,
     /// Pairs kept.
     pub kept: usize,
+    /// Kept pairs whose `clean_prob` is the cut itself: a tie the cut
+    /// cannot fall inside (0 in records written before it was counted).
+    #[serde(default)]
+    pub tied_at_cut: usize,
     /// Mean `clean_prob` over the kept pairs (1 when none is kept).
     pub expected_precision: f64,
     /// Share of the estimated noise (the sum of `1 - clean_prob`) that the
@@ -227,6 +236,7 @@ impl Cut {
             min_prob,
             scored: t.scored,
             kept: t.kept,
+            tied_at_cut: t.at_cut,
             expected_precision: if t.kept == 0 {
                 1.0
             } else {
@@ -272,7 +282,7 @@ impl Cut {
     pub fn summary(&self) -> String {
         format!(
             "{} -> keeping {}: {} of {} pairs ({}), expected precision {}, \
-             removing {} of the estimated noise (estimated noise rate {})",
+             removing {} of the estimated noise (estimated noise rate {}){}",
             self.rule,
             self.condition(),
             self.kept,
@@ -281,7 +291,48 @@ impl Cut {
             percent3(self.expected_precision),
             percent(self.expected_noise_removed),
             percent(self.estimated_noise_rate),
+            self.tie_note()
+                .map(|n| format!("; {n}"))
+                .unwrap_or_default(),
         )
+    }
+
+    /// The share of the pairs the rule asked to keep, for a rule that
+    /// names one (a fraction, or removing a share or the estimated noise).
+    pub fn asked_share(&self) -> Option<f64> {
+        match self.rule {
+            Rule::KeepFraction(f) => Some(f),
+            Rule::RemoveNoise(Some(r)) => Some(1.0 - r),
+            Rule::RemoveNoise(None) => Some(1.0 - self.estimated_noise_rate),
+            Rule::MinProb(_) | Rule::TargetPrecision(_) => None,
+        }
+    }
+
+    /// Why a rule that asked for a share keeps clearly more: the pairs at
+    /// the cut share one `clean_prob` and ties are kept together. A
+    /// confident mixture gives most clean pairs exactly 1.0 in f32 (GSC's
+    /// and CRCL's presets on frozen Flickr8k features: 70% and 79%), so
+    /// no share below theirs can be cut by `clean_prob` alone.
+    pub fn tie_note(&self) -> Option<String> {
+        let asked = self.asked_share()?;
+        let excess = self.kept_fraction() - asked;
+        let slack = (1.0 / self.scored.max(1) as f64).max(0.01);
+        let untied = self.kept.saturating_sub(self.tied_at_cut) as f64 / self.scored.max(1) as f64;
+        // Said only when the tie is what tips it: without the tied pairs
+        // the cut would keep at most what was asked.
+        if self.tied_at_cut < 2 || excess <= slack || untied > asked + slack {
+            return None;
+        }
+        Some(format!(
+            "{} pairs ({}) share clean_prob {:.4} at the cut and are kept together, so it \
+             keeps {} where {} was asked (the mixture is that sure of them: rank them by \
+             ncclean_similarity to cut among them)",
+            self.tied_at_cut,
+            percent(self.tied_at_cut as f64 / self.scored.max(1) as f64),
+            self.min_prob,
+            percent(self.kept_fraction()),
+            percent(asked),
+        ))
     }
 }
 
@@ -436,6 +487,40 @@ mod tests {
         assert!(none.min_prob == KEEP_NONE && !none.keeps(Some(1.0)));
         assert_eq!(none.condition(), "no pair");
         assert_eq!(Rule::KeepFraction(1.0).resolve(&P).kept, 6);
+    }
+
+    #[test]
+    fn a_tie_that_keeps_more_than_asked_is_said() {
+        // Seven of ten pairs at exactly 1.0: keeping half keeps all seven.
+        let probs = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.3, 0.2, 1e-20];
+        let c = Rule::KeepFraction(0.5).resolve(&probs);
+        assert_eq!((c.kept, c.tied_at_cut), (7, 7));
+        assert_eq!(c.asked_share(), Some(0.5));
+        let s = c.summary();
+        assert!(
+            s.ends_with(
+                "; 7 pairs (70%) share clean_prob 1.0000 at the cut and are kept together, so it \
+                 keeps 70% where 50% was asked (the mixture is that sure of them: rank them by \
+                 ncclean_similarity to cut among them)"
+            ),
+            "{s}"
+        );
+        // Removing 10% asks to keep 90%: the 3 below 1.0 are distinct, so
+        // the cut falls between them and nothing is said.
+        let c = Rule::RemoveNoise(Some(0.1)).resolve(&probs);
+        assert_eq!((c.kept, c.tied_at_cut), (9, 1));
+        assert_eq!(c.tie_note(), None);
+        // A tie that keeps exactly what was asked, and rules that ask for
+        // no share, say nothing.
+        assert_eq!(Rule::KeepFraction(0.7).resolve(&probs).tie_note(), None);
+        assert_eq!(Rule::MinProb(0.5).resolve(&probs).tie_note(), None);
+        assert_eq!(Rule::TargetPrecision(0.9).resolve(&probs).tie_note(), None);
+        // A cut resolved elsewhere (score's, on the training distribution)
+        // that keeps more of other data without the tie: not the tie's doing.
+        let shifted = [0.9, 0.8, 0.7, 0.6, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1];
+        let c = Cut::of(Rule::KeepFraction(0.2), f64::from(0.2f32), &shifted);
+        assert_eq!((c.kept, c.tied_at_cut), (6, 2));
+        assert_eq!(c.tie_note(), None);
     }
 
     #[test]

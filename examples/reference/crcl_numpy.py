@@ -217,7 +217,7 @@ def main(args):
     clean = ref.gmm_clean_prob(p_statistic(vi, vt, cfg, prm["tau"], rng), clean_low=False,
                                monotone=args.monotone)
     t3 = time.perf_counter()
-    auroc, ap = ref.auroc_ap(1.0 - clean, noisy)
+    auroc, ap = ref.auroc_ap(-clean, noisy)  # -p, not 1 - p: keeps p < 1e-16 apart
     if args.markdown_row:
         print(f"| {args.label or 'crcl (numpy reference)'} | {noisy.mean():.0%} | {auroc:.4f} | "
               f"{t3 - t0:.1f} | {t2 - t1:.1f} |")

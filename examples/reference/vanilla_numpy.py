@@ -487,7 +487,7 @@ def main():
     vi, vt = head.embed(xi, xt)
     clean = gmm_clean_prob(hinge_statistic(vi, vt, cfg, rng), monotone=ARGS.monotone)
     t3 = time.perf_counter()
-    auroc, ap = auroc_ap(1.0 - clean, noisy)
+    auroc, ap = auroc_ap(-clean, noisy)  # -p, not 1 - p: keeps p < 1e-16 apart
     if ARGS.markdown_row:
         rate = float(noisy.mean())
         print(f"| {ARGS.label or 'vanilla (numpy reference)'} | {rate:.0%} | {auroc:.4f} | {t3 - t0:.1f} | "

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::data::{self, LabelRow, RowStatus};
 use crate::error::{invalid, Result};
-use crate::metrics::{auroc, average_precision, precision_recall_f1};
+use crate::metrics::{auroc, average_precision, calibration_error, precision_recall_f1};
 use crate::progress::Reporter;
 
 /// Arguments of `ncclean eval`.
@@ -52,7 +52,7 @@ pub struct EvalArgs {
     /// Key column of the truth file (default: detected; else `<file stem>:<row>`).
     #[arg(long, value_name = "NAME")]
     pub truth_key_col: Option<String>,
-    /// Print one JSON object: auroc, ap, precision, recall, f1, n.
+    /// Print one JSON object: auroc, ap, auroc_soft_label, auroc_similarity, mean_clean_prob, clean_share, calibration_error, precision, recall, f1, n, noisy, skipped.
     #[arg(long)]
     pub json: bool,
 }
@@ -64,6 +64,19 @@ pub struct Detection {
     pub auroc: Option<f64>,
     /// Average precision of 1 − clean_prob for noisy pairs.
     pub ap: Option<f64>,
+    /// AUROC of 1 − soft_label: how the method's soft label ranks.
+    pub auroc_soft_label: Option<f64>,
+    /// AUROC of −similarity: how the trained model's similarity ranks. A
+    /// confident mixture gives many pairs the same clean_prob (exactly 1.0
+    /// in f32), which ties them; the similarity still orders them.
+    pub auroc_similarity: Option<f64>,
+    /// Mean clean_prob over the pairs: the estimated clean share.
+    pub mean_clean_prob: f64,
+    /// Share of the pairs the truth calls clean.
+    pub clean_share: f64,
+    /// Expected calibration error of clean_prob as P(clean), in tenths
+    /// ([`crate::metrics::calibration_error`]); None without pairs.
+    pub calibration_error: Option<f64>,
     /// Precision of is_clean = false.
     pub precision: f64,
     /// Recall of is_clean = false.
@@ -200,6 +213,7 @@ pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detect
         ));
     }
     let mut scores = Vec::new();
+    let (mut soft, mut sim) = (Vec::new(), Vec::new());
     let mut is_noisy = Vec::new();
     let mut predicted_noisy = Vec::new();
     let mut skipped = 0;
@@ -213,8 +227,13 @@ pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detect
             missing += 1;
             continue;
         };
-        let p = l.clean_prob.unwrap_or(0.0) as f64;
-        scores.push(1.0 - p);
+        // Ranked by -clean_prob, the order of 1 - clean_prob: computing
+        // 1 - p itself rounds every p below 1e-16 to the same score, and a
+        // confident mixture gives thousands of such pairs (GSC's preset on
+        // Flickr8k: AUROC 0.9648 for what ranks at 0.9846).
+        scores.push(-f64::from(l.clean_prob.unwrap_or(0.0)));
+        soft.push(-f64::from(l.soft_label.unwrap_or(0.0)));
+        sim.push(-f64::from(l.similarity.unwrap_or(0.0)));
         is_noisy.push(t);
         predicted_noisy.push(!l.is_clean);
     }
@@ -224,9 +243,17 @@ pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detect
         )));
     }
     let prf = precision_recall_f1(&predicted_noisy, &is_noisy);
+    let probs: Vec<f64> = scores.iter().map(|s| -s).collect();
+    let is_clean: Vec<bool> = is_noisy.iter().map(|&t| !t).collect();
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     Ok(Detection {
         auroc: auroc(&scores, &is_noisy),
         ap: average_precision(&scores, &is_noisy),
+        auroc_soft_label: auroc(&soft, &is_noisy),
+        auroc_similarity: auroc(&sim, &is_noisy),
+        mean_clean_prob: mean(&probs),
+        clean_share: is_clean.iter().filter(|&&c| c).count() as f64 / is_clean.len().max(1) as f64,
+        calibration_error: calibration_error(&probs, &is_clean),
         precision: prf.precision,
         recall: prf.recall,
         f1: prf.f1,
@@ -323,9 +350,116 @@ pub fn run(a: EvalArgs, rep: &Reporter) -> Result<()> {
         println!("AUROC (1 - clean_prob, noisy class): {}", f(d.auroc));
         println!("average precision:                   {}", f(d.ap));
         println!(
+            "AUROC of 1 - soft_label:             {}",
+            f(d.auroc_soft_label)
+        );
+        println!(
+            "AUROC of -similarity:                {}",
+            f(d.auroc_similarity)
+        );
+        println!(
+            "clean_prob as P(clean): mean {:.4} (truth: {:.4} clean), calibration error {} (ECE, 10 bins)",
+            d.mean_clean_prob,
+            d.clean_share,
+            f(d.calibration_error)
+        );
+        println!(
             "is_clean = false  precision {:.4}  recall {:.4}  F1 {:.4}",
             d.precision, d.recall, d.f1
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(key: &str, clean_prob: f32) -> LabelRow {
+        LabelRow {
+            key: key.to_string(),
+            source_file: "f.parquet".to_string(),
+            source_row: 0,
+            clean_prob: Some(clean_prob),
+            soft_label: Some(clean_prob),
+            similarity: Some(clean_prob * 2.0 - 1.0),
+            is_clean: clean_prob >= 0.5,
+            status: RowStatus::Ok,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn tiny_clean_probs_keep_their_order() {
+        // Four pairs the mixture is sure are noisy, with clean_prob far
+        // below f64's epsilon: 1 - p is exactly 1.0 for all of them. The
+        // two noisy ones rank lowest, so every noisy pair outranks every
+        // clean one (AUROC 1; 1 - p ties them all: AUROC 0.5), and the two
+        // noisy pairs come first at the top (AP 1; tied: 2/4 = 0.5).
+        let labels = [
+            row("a", 1e-30),
+            row("b", 1e-25),
+            row("c", 1e-20),
+            row("d", 1e-18),
+        ];
+        let truth: Vec<(String, bool)> = [("a", true), ("b", true), ("c", false), ("d", false)]
+            .iter()
+            .map(|&(k, t)| (k.to_string(), t))
+            .collect();
+        let d = detection(&labels, &truth).expect("detection");
+        assert_eq!(d.auroc, Some(1.0));
+        assert_eq!(d.ap, Some(1.0));
+        assert_eq!((d.n, d.noisy), (4, 2));
+    }
+
+    #[test]
+    fn pairs_tied_in_clean_prob_are_ranked_by_similarity_apart() {
+        // Three pairs at clean_prob 1.0 (a saturated mixture), the noisy
+        // one least similar: clean_prob ties it with both clean ones (each
+        // (noisy, clean) pair counts half: AUROC 0.5), the similarity
+        // ranks it below both (AUROC 1).
+        let mut labels = [row("a", 1.0), row("b", 1.0), row("c", 1.0)];
+        for (l, s) in labels.iter_mut().zip([0.8, 0.7, 0.1]) {
+            l.similarity = Some(s);
+        }
+        let truth: Vec<(String, bool)> = [("a", false), ("b", false), ("c", true)]
+            .iter()
+            .map(|&(k, t)| (k.to_string(), t))
+            .collect();
+        let d = detection(&labels, &truth).expect("detection");
+        assert_eq!(d.auroc, Some(0.5));
+        assert_eq!(d.auroc_similarity, Some(1.0));
+    }
+
+    #[test]
+    fn detection_matches_hand_computed_metrics() {
+        // clean_prob 0.9 (clean), 0.6 (noisy), 0.4 (clean), 0.1 (noisy):
+        // of the 4 (noisy, clean) pairs, the noisy one ranks lower in 3
+        // (0.6 > 0.4 is the miss): AUROC 3/4. Descending noisiness: 0.1
+        // (noisy, P 1/1), 0.4 (clean), 0.6 (noisy, P 2/3): AP (1 + 2/3)/2.
+        // is_clean = p >= 0.5 calls 0.4 and 0.1 noisy: one of two right,
+        // one of two noisy found.
+        let labels = [row("a", 0.9), row("b", 0.6), row("c", 0.4), row("d", 0.1)];
+        let truth: Vec<(String, bool)> = [("a", false), ("b", true), ("c", false), ("d", true)]
+            .iter()
+            .map(|&(k, t)| (k.to_string(), t))
+            .collect();
+        let d = detection(&labels, &truth).expect("detection");
+        assert_eq!(d.auroc, Some(0.75));
+        assert_eq!(d.auroc_soft_label, Some(0.75));
+        assert_eq!(d.auroc_similarity, Some(0.75));
+        // Bins: 0.9 (clean) gap 0.1; 0.6 (noisy) gap 0.6; 0.4 (clean) gap
+        // 0.6; 0.1 (noisy) gap 0.1; a quarter each.
+        assert!(
+            (d.mean_clean_prob - 0.5).abs() < 1e-6,
+            "{}",
+            d.mean_clean_prob
+        );
+        assert_eq!(d.clean_share, 0.5);
+        let ece = d.calibration_error.expect("ece");
+        assert!((ece - 0.35).abs() < 1e-6, "{ece}");
+        let ap = d.ap.expect("ap");
+        assert!((ap - (1.0 + 2.0 / 3.0) / 2.0).abs() < 1e-12, "{ap}");
+        assert_eq!((d.precision, d.recall), (0.5, 0.5));
+    }
 }

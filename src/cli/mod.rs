@@ -64,7 +64,7 @@ enum Command {
     Score(score::ScoreArgs),
     /// Keep the rows that labels call clean (or above a probability, or a top fraction).
     Filter(filter::FilterArgs),
-    /// Detection metrics against ground truth (AUROC, AP, P/R/F1), or retrieval R@K of a checkpoint (--retrieval).
+    /// Detection metrics against ground truth (AUROC, AP, P/R/F1, calibration of clean_prob), or retrieval R@K of a checkpoint (--retrieval).
     Eval(eval::EvalArgs),
     /// Write a self-contained HTML report of a run: distributions, the fitted mixture, training curves, thresholds, example pairs.
     Report(report::ReportArgs),
