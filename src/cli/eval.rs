@@ -74,8 +74,9 @@ pub struct Detection {
     pub mean_clean_prob: f64,
     /// Share of the pairs the truth calls clean.
     pub clean_share: f64,
-    /// Expected calibration error of clean_prob as P(clean), in tenths
-    /// ([`crate::metrics::calibration_error`]); None without pairs.
+    /// Expected calibration error of clean_prob as P(clean), over ten
+    /// equal-width bins ([`crate::metrics::calibration_error`]); None
+    /// without pairs.
     pub calibration_error: Option<f64>,
     /// Precision of is_clean = false.
     pub precision: f64,
