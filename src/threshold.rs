@@ -315,9 +315,10 @@ impl Cut {
     /// no share below theirs can be cut by `clean_prob` alone.
     pub fn tie_note(&self) -> Option<String> {
         let asked = self.asked_share()?;
+        let n = self.scored.max(1) as f64;
         let excess = self.kept_fraction() - asked;
-        let slack = (1.0 / self.scored.max(1) as f64).max(0.01);
-        let untied = self.kept.saturating_sub(self.tied_at_cut) as f64 / self.scored.max(1) as f64;
+        let slack = (1.0 / n).max(0.01);
+        let untied = self.kept.saturating_sub(self.tied_at_cut) as f64 / n;
         // Said only when the tie is what tips it: without the tied pairs
         // the cut would keep at most what was asked.
         if self.tied_at_cut < 2 || excess <= slack || untied > asked + slack {
@@ -328,7 +329,7 @@ impl Cut {
              keeps {} where {} was asked (the mixture is that sure of them: rank them by \
              ncclean_similarity to cut among them)",
             self.tied_at_cut,
-            percent(self.tied_at_cut as f64 / self.scored.max(1) as f64),
+            percent(self.tied_at_cut as f64 / n),
             self.min_prob,
             percent(self.kept_fraction()),
             percent(asked),

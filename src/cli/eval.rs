@@ -213,8 +213,7 @@ pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detect
             "the truth file has duplicate keys; pass --truth-key-col with a unique column",
         ));
     }
-    let mut scores = Vec::new();
-    let (mut soft, mut sim) = (Vec::new(), Vec::new());
+    let (mut probs, mut soft, mut sim) = (Vec::new(), Vec::new(), Vec::new());
     let mut is_noisy = Vec::new();
     let mut predicted_noisy = Vec::new();
     let mut skipped = 0;
@@ -228,11 +227,7 @@ pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detect
             missing += 1;
             continue;
         };
-        // Ranked by -clean_prob, the order of 1 - clean_prob: computing
-        // 1 - p itself rounds every p below 1e-16 to the same score, and a
-        // confident mixture gives thousands of such pairs (GSC's preset on
-        // Flickr8k: AUROC 0.9648 for what ranks at 0.9846).
-        scores.push(-f64::from(l.clean_prob.unwrap_or(0.0)));
+        probs.push(f64::from(l.clean_prob.unwrap_or(0.0)));
         soft.push(-f64::from(l.soft_label.unwrap_or(0.0)));
         sim.push(-f64::from(l.similarity.unwrap_or(0.0)));
         is_noisy.push(t);
@@ -244,22 +239,27 @@ pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detect
         )));
     }
     let prf = precision_recall_f1(&predicted_noisy, &is_noisy);
-    let probs: Vec<f64> = scores.iter().map(|s| -s).collect();
+    // Noisier first by -clean_prob, the order of 1 - clean_prob: computing
+    // 1 - p itself rounds every p below 1e-16 to the same score, and a
+    // confident mixture gives thousands of such pairs (GSC's preset on
+    // Flickr8k: AUROC 0.9648 for what ranks at 0.9846).
+    let scores: Vec<f64> = probs.iter().map(|p| -p).collect();
     let is_clean: Vec<bool> = is_noisy.iter().map(|&t| !t).collect();
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let n = probs.len();
+    let noisy = is_noisy.iter().filter(|&&t| t).count();
     Ok(Detection {
         auroc: auroc(&scores, &is_noisy),
         ap: average_precision(&scores, &is_noisy),
         auroc_soft_label: auroc(&soft, &is_noisy),
         auroc_similarity: auroc(&sim, &is_noisy),
-        mean_clean_prob: mean(&probs),
-        clean_share: is_clean.iter().filter(|&&c| c).count() as f64 / is_clean.len().max(1) as f64,
+        mean_clean_prob: probs.iter().sum::<f64>() / n.max(1) as f64,
+        clean_share: (n - noisy) as f64 / n.max(1) as f64,
         calibration_error: calibration_error(&probs, &is_clean),
         precision: prf.precision,
         recall: prf.recall,
         f1: prf.f1,
-        n: scores.len(),
-        noisy: is_noisy.iter().filter(|&&t| t).count(),
+        n,
+        noisy,
         skipped,
     })
 }
@@ -390,6 +390,10 @@ mod tests {
         }
     }
 
+    fn truth(pairs: &[(&str, bool)]) -> Vec<(String, bool)> {
+        pairs.iter().map(|&(k, t)| (k.to_string(), t)).collect()
+    }
+
     #[test]
     fn tiny_clean_probs_keep_their_order() {
         // Four pairs the mixture is sure are noisy, with clean_prob far
@@ -403,11 +407,11 @@ mod tests {
             row("c", 1e-20),
             row("d", 1e-18),
         ];
-        let truth: Vec<(String, bool)> = [("a", true), ("b", true), ("c", false), ("d", false)]
-            .iter()
-            .map(|&(k, t)| (k.to_string(), t))
-            .collect();
-        let d = detection(&labels, &truth).expect("detection");
+        let d = detection(
+            &labels,
+            &truth(&[("a", true), ("b", true), ("c", false), ("d", false)]),
+        )
+        .expect("detection");
         assert_eq!(d.auroc, Some(1.0));
         assert_eq!(d.ap, Some(1.0));
         assert_eq!((d.n, d.noisy), (4, 2));
@@ -423,11 +427,8 @@ mod tests {
         for (l, s) in labels.iter_mut().zip([0.8, 0.7, 0.1]) {
             l.similarity = Some(s);
         }
-        let truth: Vec<(String, bool)> = [("a", false), ("b", false), ("c", true)]
-            .iter()
-            .map(|&(k, t)| (k.to_string(), t))
-            .collect();
-        let d = detection(&labels, &truth).expect("detection");
+        let d = detection(&labels, &truth(&[("a", false), ("b", false), ("c", true)]))
+            .expect("detection");
         assert_eq!(d.auroc, Some(0.5));
         assert_eq!(d.auroc_similarity, Some(1.0));
     }
@@ -441,11 +442,11 @@ mod tests {
         // is_clean = p >= 0.5 calls 0.4 and 0.1 noisy: one of two right,
         // one of two noisy found.
         let labels = [row("a", 0.9), row("b", 0.6), row("c", 0.4), row("d", 0.1)];
-        let truth: Vec<(String, bool)> = [("a", false), ("b", true), ("c", false), ("d", true)]
-            .iter()
-            .map(|&(k, t)| (k.to_string(), t))
-            .collect();
-        let d = detection(&labels, &truth).expect("detection");
+        let d = detection(
+            &labels,
+            &truth(&[("a", false), ("b", true), ("c", false), ("d", true)]),
+        )
+        .expect("detection");
         assert_eq!(d.auroc, Some(0.75));
         assert_eq!(d.auroc_soft_label, Some(0.75));
         assert_eq!(d.auroc_similarity, Some(0.75));
