@@ -2,10 +2,20 @@
 //! `--keep-fraction`, `--target-precision`, `--remove-noise-rate`) and the
 //! scored `clean_prob`s into a cut, for `fit`, `score` and `filter` alike.
 //!
-//! Every rule ends as "keep `clean_prob >= cut`" (ties at the cut are kept
-//! together, so two rows with the same probability never get different
-//! labels). Read as a calibrated probability, `clean_prob` gives the
-//! expected precision of a kept set (the mean `clean_prob` over it) and the
+//! The share rules rank pairs by `clean_prob`, and among equal
+//! `clean_prob`s by `similarity` ([`Ranked`]): a confident mixture gives
+//! most clean pairs exactly 1.0 in f32 (GSC's and CRCL's presets on frozen
+//! Flickr8k features: 70% and 79%), and a share asked of them
+//! (`--keep-fraction 0.5`) must still be cut among them, by the model's own
+//! score of each pair. Every rule ends as a [`Bound`]: keep
+//! `clean_prob >= cut`, or, when a share rule's cut falls inside a tie,
+//! `clean_prob > cut` and the tied pairs with `similarity >= s`. Pairs equal
+//! in both scores are kept together, so two rows with the same scores never
+//! get different labels; the absolute rule (`--min-prob`) never splits a
+//! tie.
+//!
+//! Read as a calibrated probability, `clean_prob` gives the expected
+//! precision of a kept set (the mean `clean_prob` over it) and the
 //! estimated noise rate of the data (the mean of `1 - clean_prob`, which is
 //! the mixture's noisy weight at its fixed point), so every cut comes with
 //! those two numbers rather than a count at a fixed 0.5.
@@ -31,13 +41,14 @@ pub enum Rule {
     /// Keep `clean_prob >= p` (the default, 0.5, is the method's own
     /// division).
     MinProb(f64),
-    /// Keep this fraction of the scored pairs, highest `clean_prob` first.
+    /// Keep this fraction of the scored pairs, highest first ([`Ranked`]:
+    /// `clean_prob`, then `similarity`).
     KeepFraction(f64),
-    /// Keep the largest set, highest `clean_prob` first, whose expected
-    /// precision (mean `clean_prob`) is at least this.
+    /// Keep the largest set, highest first, whose expected precision (mean
+    /// `clean_prob`) is at least this.
     TargetPrecision(f64),
-    /// Remove this fraction of the scored pairs, lowest `clean_prob` first;
-    /// `None` removes the estimated noise rate.
+    /// Remove this fraction of the scored pairs, lowest first; `None`
+    /// removes the estimated noise rate.
     RemoveNoise(Option<f64>),
 }
 
@@ -50,6 +61,106 @@ impl Default for Rule {
 /// The method's own division: a pair is clean when its clean posterior is
 /// at least even.
 pub const DEFAULT_MIN_PROB: f64 = 0.5;
+
+/// A scored pair as the rules rank it: by `clean_prob`, then by
+/// `similarity` among equal `clean_prob`s.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ranked {
+    /// The clean posterior.
+    pub clean_prob: f32,
+    /// The model's similarity of the pair; `-inf` when not known (labels
+    /// or records of older versions): it ranks last and splits no tie.
+    pub similarity: f32,
+}
+
+impl Ranked {
+    /// A pair from its scores (`similarity` `None` or NaN: not known).
+    pub fn new(clean_prob: f32, similarity: Option<f32>) -> Ranked {
+        Ranked {
+            clean_prob,
+            similarity: similarity
+                .filter(|s| !s.is_nan())
+                .unwrap_or(f32::NEG_INFINITY),
+        }
+    }
+
+    /// Pairs from parallel score vectors (pairs past the end of
+    /// `similarities` have none known).
+    pub fn pairs(probs: &[f32], similarities: &[f32]) -> Vec<Ranked> {
+        probs
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| Ranked::new(p, similarities.get(i).copied()))
+            .collect()
+    }
+
+    /// The scored rows of labels (those with a `clean_prob`).
+    pub fn labelled(labels: &[crate::data::LabelRow]) -> Vec<Ranked> {
+        labels
+            .iter()
+            .filter_map(|l| l.clean_prob.map(|p| Ranked::new(p, l.similarity)))
+            .collect()
+    }
+
+    /// Highest first: by `clean_prob`, then `similarity`.
+    pub(crate) fn descending(a: &Ranked, b: &Ranked) -> std::cmp::Ordering {
+        b.clean_prob
+            .total_cmp(&a.clean_prob)
+            .then(b.similarity.total_cmp(&a.similarity))
+    }
+}
+
+/// The scored pairs (finite `clean_prob`), highest first.
+fn sorted(pairs: &[Ranked]) -> Vec<Ranked> {
+    let mut v: Vec<Ranked> = pairs
+        .iter()
+        .copied()
+        .filter(|r| r.clean_prob.is_finite())
+        .collect();
+    v.sort_by(Ranked::descending);
+    v
+}
+
+/// Where a cut falls: keep `clean_prob > min_prob`, and of the pairs at
+/// exactly `min_prob` those with `similarity >= min_similarity` (all of
+/// them when `None`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bound {
+    /// The lowest `clean_prob` kept ([`KEEP_NONE`]: none).
+    pub min_prob: f64,
+    /// Within the tie at `min_prob`, the lowest similarity kept.
+    pub min_similarity: Option<f64>,
+}
+
+impl Bound {
+    /// Keep `clean_prob >= min_prob`, ties whole.
+    pub fn at(min_prob: f64) -> Bound {
+        Bound {
+            min_prob,
+            min_similarity: None,
+        }
+    }
+
+    /// Whether the pair is kept (an unknown similarity, `-inf`, is below
+    /// every similarity bound).
+    pub fn keeps(&self, r: &Ranked) -> bool {
+        let p = f64::from(r.clean_prob);
+        p > self.min_prob
+            || (p == self.min_prob
+                && self
+                    .min_similarity
+                    .is_none_or(|s| f64::from(r.similarity) >= s))
+    }
+
+    /// Whether a kept pair sits exactly on the bound (ties there cannot
+    /// be split).
+    fn on(&self, r: &Ranked) -> bool {
+        f64::from(r.clean_prob) == self.min_prob
+            && self
+                .min_similarity
+                .is_none_or(|s| f64::from(r.similarity) == s)
+    }
+}
 
 /// The cut of a rule that keeps no pair: above every probability, and
 /// finite so that it survives JSON.
@@ -91,35 +202,49 @@ impl Rule {
         }
     }
 
-    /// The absolute cut of the rule on these `clean_prob`s (non-finite
-    /// values are not scores and are passed over).
-    pub fn min_prob(&self, probs: &[f32]) -> f64 {
-        let mut sorted: Vec<f32> = probs.iter().copied().filter(|p| p.is_finite()).collect();
-        sorted.sort_by(|a, b| b.total_cmp(a));
-        let keep_top = |k: usize| -> f64 {
+    /// Where the rule cuts these pairs (non-finite `clean_prob`s are not
+    /// scores and are passed over).
+    pub fn bound(&self, pairs: &[Ranked]) -> Bound {
+        let sorted = sorted(pairs);
+        // Keep the top k: the k-th pair is the bound; its similarity
+        // matters only when the next pair ties it in clean_prob (and the
+        // bound then says so even when their similarities are equal too:
+        // the tie note tells duplicates from pairs with none known).
+        let keep_top = |k: usize| -> Bound {
+            let k = k.min(sorted.len());
             if k == 0 {
-                KEEP_NONE
-            } else {
-                f64::from(sorted[k.min(sorted.len()) - 1])
+                return Bound::at(KEEP_NONE);
+            }
+            let last = sorted[k - 1];
+            let inside_tie = sorted
+                .get(k)
+                .is_some_and(|next| next.clean_prob == last.clean_prob);
+            Bound {
+                min_prob: f64::from(last.clean_prob),
+                min_similarity: (inside_tie && last.similarity.is_finite())
+                    .then(|| f64::from(last.similarity)),
             }
         };
         let fraction = |f: f64| (f * sorted.len() as f64).round() as usize;
         match *self {
-            Rule::MinProb(p) => p,
+            Rule::MinProb(p) => Bound::at(p),
             Rule::KeepFraction(f) => keep_top(fraction(f)),
             Rule::RemoveNoise(r) => {
-                let rate = r.unwrap_or_else(|| estimated_noise_rate(&sorted));
+                let rate = r.unwrap_or_else(|| mean_noise(sorted.iter().map(|r| r.clean_prob)));
                 keep_top(sorted.len() - fraction(rate).min(sorted.len()))
             }
             Rule::TargetPrecision(p) => {
                 // The running mean of a descending list never rises, so the
                 // largest prefix meeting the target is the last one that does.
-                // Prefix ends are tie-group ends: a cut keeps a whole group.
+                // Prefix ends are ends of groups equal in both scores: a cut
+                // keeps a whole group.
                 let mut best = 0;
                 let mut sum = 0.0f64;
-                for (i, &x) in sorted.iter().enumerate() {
-                    sum += f64::from(x);
-                    let group_end = sorted.get(i + 1).is_none_or(|&next| next < x);
+                for (i, x) in sorted.iter().enumerate() {
+                    sum += f64::from(x.clean_prob);
+                    let group_end = sorted.get(i + 1).is_none_or(|next| {
+                        next.clean_prob < x.clean_prob || next.similarity < x.similarity
+                    });
                     if group_end && sum / (i + 1) as f64 >= p {
                         best = i + 1;
                     }
@@ -129,10 +254,10 @@ impl Rule {
         }
     }
 
-    /// Resolve the rule on the scored pairs' `clean_prob`s: the cut and
-    /// what it does to them.
-    pub fn resolve(&self, probs: &[f32]) -> Cut {
-        Cut::of(*self, self.min_prob(probs), probs)
+    /// Resolve the rule on the scored pairs: the cut and what it does to
+    /// them.
+    pub fn resolve(&self, pairs: &[Ranked]) -> Cut {
+        Cut::of(*self, self.bound(pairs), pairs)
     }
 }
 
@@ -164,20 +289,17 @@ pub struct Tally {
 }
 
 impl Tally {
-    /// Add the pairs `probs` under the cut `min_prob` (non-finite values
-    /// are not scores and are passed over).
-    pub fn add(&mut self, probs: &[f32], min_prob: f64) {
-        for p in probs
-            .iter()
-            .filter(|p| p.is_finite())
-            .map(|&p| f64::from(p))
-        {
+    /// Add `pairs` under the cut `bound` (non-finite `clean_prob`s are not
+    /// scores and are passed over).
+    pub fn add(&mut self, pairs: &[Ranked], bound: Bound) {
+        for r in pairs.iter().filter(|r| r.clean_prob.is_finite()) {
+            let p = f64::from(r.clean_prob);
             self.scored += 1;
             self.noise_sum += 1.0 - p;
-            if p >= min_prob {
+            if bound.keeps(r) {
                 self.kept += 1;
                 self.kept_sum += p;
-                if p == min_prob {
+                if bound.on(r) {
                     self.at_cut += 1;
                 }
             } else {
@@ -202,14 +324,20 @@ impl Tally {
 pub struct Cut {
     /// The rule it came from.
     pub rule: Rule,
-    /// Keep `clean_prob >= min_prob` ([`KEEP_NONE`]: keep nothing).
+    /// Keep `clean_prob >= min_prob` ([`KEEP_NONE`]: keep nothing)...
     pub min_prob: f64,
+    /// ...but of the pairs at exactly `min_prob`, only those with
+    /// `similarity >= min_similarity`: set when the cut falls inside a tie
+    /// (absent in records written before ties were split).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_similarity: Option<f64>,
     /// Scored pairs.
     pub scored: usize,
     /// Pairs kept.
     pub kept: usize,
-    /// Kept pairs whose `clean_prob` is the cut itself: a tie the cut
-    /// cannot fall inside (0 in records written before it was counted).
+    /// Kept pairs exactly on the cut (its `clean_prob`, and its similarity
+    /// when it has one): a tie the cut cannot fall inside (0 in records
+    /// written before it was counted).
     #[serde(default)]
     pub tied_at_cut: usize,
     /// Mean `clean_prob` over the kept pairs (1 when none is kept).
@@ -222,18 +350,19 @@ pub struct Cut {
 }
 
 impl Cut {
-    /// The cut `min_prob` (from `rule`) applied to `probs`.
-    pub fn of(rule: Rule, min_prob: f64, probs: &[f32]) -> Cut {
+    /// The cut `bound` (from `rule`) applied to `pairs`.
+    pub fn of(rule: Rule, bound: Bound, pairs: &[Ranked]) -> Cut {
         let mut t = Tally::default();
-        t.add(probs, min_prob);
-        Cut::from_tally(rule, min_prob, &t)
+        t.add(pairs, bound);
+        Cut::from_tally(rule, bound, &t)
     }
 
-    /// The cut `min_prob` (from `rule`) over the pairs of a tally.
-    pub fn from_tally(rule: Rule, min_prob: f64, t: &Tally) -> Cut {
+    /// The cut `bound` (from `rule`) over the pairs of a tally.
+    pub fn from_tally(rule: Rule, bound: Bound, t: &Tally) -> Cut {
         Cut {
             rule,
-            min_prob,
+            min_prob: bound.min_prob,
+            min_similarity: bound.min_similarity,
             scored: t.scored,
             kept: t.kept,
             tied_at_cut: t.at_cut,
@@ -255,9 +384,18 @@ impl Cut {
         }
     }
 
-    /// Whether a pair with this `clean_prob` is kept (`None`: not scored).
-    pub fn keeps(&self, clean_prob: Option<f32>) -> bool {
-        clean_prob.is_some_and(|p| f64::from(p) >= self.min_prob)
+    /// Where it cuts.
+    pub fn bound(&self) -> Bound {
+        Bound {
+            min_prob: self.min_prob,
+            min_similarity: self.min_similarity,
+        }
+    }
+
+    /// Whether a pair with these scores is kept (`clean_prob` `None`: not
+    /// scored).
+    pub fn keeps(&self, clean_prob: Option<f32>, similarity: Option<f32>) -> bool {
+        clean_prob.is_some_and(|p| self.bound().keeps(&Ranked::new(p, similarity)))
     }
 
     /// Kept share of the scored pairs.
@@ -269,12 +407,31 @@ impl Cut {
         }
     }
 
-    /// The cut for people: `clean_prob >= 0.9340`, or `no pair`.
+    /// The cut for people: `clean_prob >= 0.9340`; inside a tie
+    /// `clean_prob > 1, or = 1 with similarity >= 0.4123`; or `no pair`.
     pub fn condition(&self) -> String {
-        if self.min_prob <= 1.0 {
-            format!("clean_prob >= {:.4}", self.min_prob)
-        } else {
-            "no pair".to_string()
+        let p = self.min_prob;
+        if p > 1.0 {
+            return "no pair".to_string();
+        }
+        match self.min_similarity {
+            // The tie's own value, in full: rounded, `> 0.99995` and
+            // `= 0.99995` would read as `> 1.0000`. Ties among clear noise
+            // sit at tiny values (6.9e-44 for CRCL's preset), which plain
+            // decimals spell out in 45 digits.
+            Some(s) => {
+                let q = p as f32;
+                let q = if q != 0.0 && q.abs() < 1e-3 {
+                    format!("{q:e}")
+                } else {
+                    q.to_string()
+                };
+                format!("clean_prob > {q}, or = {q} with similarity >= {s:.4}")
+            }
+            // Cuts among the near-zero probabilities of clear noise would
+            // all read 0.0000 with four decimals.
+            None if p > 0.0 && p < 1e-3 => format!("clean_prob >= {p:.2e}"),
+            None => format!("clean_prob >= {p:.4}"),
         }
     }
 
@@ -309,10 +466,9 @@ impl Cut {
     }
 
     /// Why a rule that asked for a share keeps clearly more: the pairs at
-    /// the cut share one `clean_prob` and ties are kept together. A
-    /// confident mixture gives most clean pairs exactly 1.0 in f32 (GSC's
-    /// and CRCL's presets on frozen Flickr8k features: 70% and 79%), so
-    /// no share below theirs can be cut by `clean_prob` alone.
+    /// the cut are equal in both scores, or have no similarity to rank
+    /// them by (labels or a checkpoint from before ties were split), and
+    /// ties are kept together.
     pub fn tie_note(&self) -> Option<String> {
         let asked = self.asked_share()?;
         let n = self.scored.max(1) as f64;
@@ -324,13 +480,22 @@ impl Cut {
         if self.tied_at_cut < 2 || excess <= slack || untied > asked + slack {
             return None;
         }
+        let (what, why) = match self.min_similarity {
+            Some(s) => (
+                format!("clean_prob {:.4} and similarity {s:.4}", self.min_prob),
+                "(duplicate pairs?)",
+            ),
+            None => (
+                format!("clean_prob {:.4}", self.min_prob),
+                "(no similarity ranks them: a checkpoint or labels from an older ncclean; fit \
+                 again to split them)",
+            ),
+        };
         Some(format!(
-            "{} pairs ({}) share clean_prob {:.4} at the cut and are kept together, so it \
-             keeps {} where {} was asked (the mixture is that sure of them: rank them by \
-             ncclean_similarity to cut among them)",
+            "{} pairs ({}) at the cut share {what} and are kept together, so it keeps {} \
+             where {} was asked {why}",
             self.tied_at_cut,
             percent(self.tied_at_cut as f64 / n),
-            self.min_prob,
             percent(self.kept_fraction()),
             percent(asked),
         ))
@@ -338,14 +503,14 @@ impl Cut {
 }
 
 /// The cuts at a range of kept fractions, for the report's threshold table.
-pub fn table(probs: &[f32], fractions: &[f64]) -> Vec<Cut> {
+pub fn table(pairs: &[Ranked], fractions: &[f64]) -> Vec<Cut> {
     fractions
         .iter()
-        .map(|&f| Rule::KeepFraction(f).resolve(probs))
+        .map(|&f| Rule::KeepFraction(f).resolve(pairs))
         .collect()
 }
 
-/// A bounded summary of a `clean_prob` distribution: the values at
+/// A bounded summary of a ranked distribution: the pairs at
 /// [`SKETCH_POINTS`] evenly spaced ranks, highest first (all of them when
 /// there are fewer). A rule resolved on it reads each point as an equal
 /// share of the pairs.
@@ -353,23 +518,41 @@ pub fn table(probs: &[f32], fractions: &[f64]) -> Vec<Cut> {
 pub struct Sketch {
     /// Pairs summarised.
     pub pairs: usize,
-    /// The values at evenly spaced ranks, descending.
+    /// The `clean_prob`s at evenly spaced ranks, descending.
     pub points: Vec<f32>,
+    /// The similarities at the same ranks; empty when some are not known
+    /// (and in records written before ties were split).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub similarities: Vec<f32>,
 }
 
 impl Sketch {
-    /// Summarise `probs` (non-finite values are passed over).
-    pub fn of(probs: &[f32]) -> Sketch {
-        let mut sorted: Vec<f32> = probs.iter().copied().filter(|p| p.is_finite()).collect();
-        sorted.sort_by(|a, b| b.total_cmp(a));
+    /// Summarise `pairs` (non-finite `clean_prob`s are passed over).
+    pub fn of(pairs: &[Ranked]) -> Sketch {
+        let sorted = sorted(pairs);
         let n = sorted.len();
-        let points = if n <= SKETCH_POINTS {
+        let picked: Vec<Ranked> = if n <= SKETCH_POINTS {
             sorted
         } else {
             let m = SKETCH_POINTS - 1;
             (0..=m).map(|i| sorted[(i * (n - 1) + m / 2) / m]).collect()
         };
-        Sketch { pairs: n, points }
+        // JSON has no infinity: unknown similarities are stored as none.
+        let known = picked.iter().all(|r| r.similarity.is_finite());
+        Sketch {
+            pairs: n,
+            points: picked.iter().map(|r| r.clean_prob).collect(),
+            similarities: if known {
+                picked.iter().map(|r| r.similarity).collect()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    /// The summarised pairs.
+    pub fn ranked(&self) -> Vec<Ranked> {
+        Ranked::pairs(&self.points, &self.similarities)
     }
 }
 
@@ -389,11 +572,11 @@ pub struct Record {
 pub const RECORD_FILE: &str = "threshold.json";
 
 impl Record {
-    /// Resolve `rule` on the training pairs' `probs`.
-    pub fn fit(rule: Rule, probs: &[f32]) -> Record {
+    /// Resolve `rule` on the training pairs.
+    pub fn fit(rule: Rule, pairs: &[Ranked]) -> Record {
         Record {
-            cut: rule.resolve(probs),
-            sketch: Sketch::of(probs),
+            cut: rule.resolve(pairs),
+            sketch: Sketch::of(pairs),
         }
     }
 
@@ -401,7 +584,7 @@ impl Record {
     /// the same on every shard it is applied to. Its counts are the
     /// sketch's, so only `min_prob` and the rule are meant to be used.
     pub fn cut_for(&self, rule: Rule) -> Cut {
-        rule.resolve(&self.sketch.points)
+        rule.resolve(&self.sketch.ranked())
     }
 
     /// Write into the checkpoint directory `dir` (atomically).
@@ -435,7 +618,22 @@ impl Record {
 /// The mixture's estimate of the noisy share: the mean of `1 - clean_prob`
 /// (non-finite values are not scores and are passed over).
 pub fn estimated_noise_rate(probs: &[f32]) -> f64 {
-    Cut::of(Rule::default(), DEFAULT_MIN_PROB, probs).estimated_noise_rate
+    mean_noise(probs.iter().copied())
+}
+
+/// The mean of `1 - p` over the finite `probs`, summed in their order (0
+/// when there are none).
+fn mean_noise(probs: impl Iterator<Item = f32>) -> f64 {
+    let (sum, n) = probs
+        .filter(|p| p.is_finite())
+        .fold((0.0f64, 0usize), |(s, n), p| {
+            (s + 1.0 - f64::from(p), n + 1)
+        });
+    if n == 0 {
+        0.0
+    } else {
+        sum / n as f64
+    }
 }
 
 /// A percentage rounded for people: one decimal under 10%, none above.
@@ -459,6 +657,11 @@ mod tests {
 
     const P: [f32; 6] = [0.9, 0.2, 0.6, 0.6, 1.0, 0.1];
 
+    /// Pairs with no similarity known: ranked by clean_prob alone.
+    fn ranked(probs: &[f32]) -> Vec<Ranked> {
+        Ranked::pairs(probs, &[])
+    }
+
     #[test]
     fn noise_rate_is_the_mean_noisy_posterior() {
         // 1 - p: 0.1 + 0.8 + 0.4 + 0.4 + 0 + 0.9 = 2.6 over 6.
@@ -469,59 +672,162 @@ mod tests {
 
     #[test]
     fn min_prob_keeps_at_or_above_the_cut() {
-        let c = Rule::MinProb(0.6).resolve(&P);
+        let c = Rule::MinProb(0.6).resolve(&ranked(&P));
         assert_eq!(c.kept, 4); // 1.0, 0.9, 0.6, 0.6
         assert!((c.expected_precision - 3.1 / 4.0).abs() < 1e-6);
         // Removed: 0.2 and 0.1 hold 0.8 + 0.9 of the 2.6 noise.
         assert!((c.expected_noise_removed - 1.7 / 2.6).abs() < 1e-6);
-        assert!(c.keeps(Some(0.6)) && !c.keeps(Some(0.59)) && !c.keeps(None));
+        assert!(
+            c.keeps(Some(0.6), None) && !c.keeps(Some(0.59), Some(1.0)) && !c.keeps(None, None)
+        );
     }
 
     #[test]
     fn keep_fraction_keeps_ties_together() {
         // Half of 6 = 3: the third highest is 0.6, tied with the fourth.
-        let c = Rule::KeepFraction(0.5).resolve(&P);
+        let c = Rule::KeepFraction(0.5).resolve(&ranked(&P));
         assert_eq!(c.min_prob, f64::from(0.6f32));
         assert_eq!(c.kept, 4);
-        let none = Rule::KeepFraction(0.0).resolve(&P);
+        let none = Rule::KeepFraction(0.0).resolve(&ranked(&P));
         assert_eq!((none.kept, none.expected_precision), (0, 1.0));
-        assert!(none.min_prob == KEEP_NONE && !none.keeps(Some(1.0)));
+        assert!(none.min_prob == KEEP_NONE && !none.keeps(Some(1.0), Some(1.0)));
         assert_eq!(none.condition(), "no pair");
-        assert_eq!(Rule::KeepFraction(1.0).resolve(&P).kept, 6);
+        assert_eq!(Rule::KeepFraction(1.0).resolve(&ranked(&P)).kept, 6);
     }
 
     #[test]
     fn a_tie_that_keeps_more_than_asked_is_said() {
-        // Seven of ten pairs at exactly 1.0: keeping half keeps all seven.
+        // Seven of ten pairs at exactly 1.0 and no similarity to rank them:
+        // keeping half keeps all seven.
         let probs = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.3, 0.2, 1e-20];
-        let c = Rule::KeepFraction(0.5).resolve(&probs);
+        let c = Rule::KeepFraction(0.5).resolve(&ranked(&probs));
         assert_eq!((c.kept, c.tied_at_cut), (7, 7));
         assert_eq!(c.asked_share(), Some(0.5));
         let s = c.summary();
         assert!(
             s.ends_with(
-                "; 7 pairs (70%) share clean_prob 1.0000 at the cut and are kept together, so it \
-                 keeps 70% where 50% was asked (the mixture is that sure of them: rank them by \
-                 ncclean_similarity to cut among them)"
+                "; 7 pairs (70%) at the cut share clean_prob 1.0000 and are kept together, so it \
+                 keeps 70% where 50% was asked (no similarity ranks them: a checkpoint or labels \
+                 from an older ncclean; fit again to split them)"
             ),
             "{s}"
         );
         // Removing 10% asks to keep 90%: the 3 below 1.0 are distinct, so
         // the cut falls between them and nothing is said.
-        let c = Rule::RemoveNoise(Some(0.1)).resolve(&probs);
+        let c = Rule::RemoveNoise(Some(0.1)).resolve(&ranked(&probs));
         assert_eq!((c.kept, c.tied_at_cut), (9, 1));
         assert_eq!(c.tie_note(), None);
         // A tie that keeps exactly what was asked, and rules that ask for
         // no share, say nothing.
-        assert_eq!(Rule::KeepFraction(0.7).resolve(&probs).tie_note(), None);
-        assert_eq!(Rule::MinProb(0.5).resolve(&probs).tie_note(), None);
-        assert_eq!(Rule::TargetPrecision(0.9).resolve(&probs).tie_note(), None);
+        assert_eq!(
+            Rule::KeepFraction(0.7).resolve(&ranked(&probs)).tie_note(),
+            None
+        );
+        assert_eq!(Rule::MinProb(0.5).resolve(&ranked(&probs)).tie_note(), None);
+        assert_eq!(
+            Rule::TargetPrecision(0.9)
+                .resolve(&ranked(&probs))
+                .tie_note(),
+            None
+        );
         // A cut resolved elsewhere (score's, on the training distribution)
         // that keeps more of other data without the tie: not the tie's doing.
         let shifted = [0.9, 0.8, 0.7, 0.6, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1];
-        let c = Cut::of(Rule::KeepFraction(0.2), f64::from(0.2f32), &shifted);
+        let c = Cut::of(
+            Rule::KeepFraction(0.2),
+            Bound::at(f64::from(0.2f32)),
+            &ranked(&shifted),
+        );
         assert_eq!((c.kept, c.tied_at_cut), (6, 2));
         assert_eq!(c.tie_note(), None);
+    }
+
+    /// Seven of ten pairs at exactly 1.0, their similarities 0.7 down to
+    /// 0.1, then three below.
+    fn saturated() -> Vec<Ranked> {
+        let probs = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.3, 0.2, 1e-20];
+        let sims = [0.4, 0.7, 0.1, 0.5, 0.3, 0.6, 0.2, 0.0, -0.1, -0.2];
+        Ranked::pairs(&probs, &sims)
+    }
+
+    #[test]
+    fn a_share_cut_inside_a_tie_splits_it_by_similarity() {
+        let pairs = saturated();
+        // Half of ten: the five most similar of the seven at 1.0.
+        let c = Rule::KeepFraction(0.5).resolve(&pairs);
+        assert_eq!(c.min_prob, 1.0);
+        assert_eq!(c.min_similarity, Some(f64::from(0.3f32)));
+        assert_eq!((c.kept, c.tied_at_cut), (5, 1));
+        assert_eq!(c.tie_note(), None);
+        let kept: Vec<bool> = pairs
+            .iter()
+            .map(|r| c.keeps(Some(r.clean_prob), Some(r.similarity)))
+            .collect();
+        assert_eq!(
+            kept,
+            [true, true, false, true, true, true, false, false, false, false]
+        );
+        // Not scored, or no similarity known at a split tie: not kept;
+        // above the tie, kept whatever the similarity.
+        assert!(!c.keeps(None, Some(0.9)) && !c.keeps(Some(1.0), None));
+        assert!(!c.keeps(Some(1.0), Some(0.29)));
+        let below = Rule::KeepFraction(0.8).resolve(&pairs);
+        assert!(below.keeps(Some(1.0), None) && below.keeps(Some(1.0), Some(-5.0)));
+        assert_eq!(
+            c.condition(),
+            "clean_prob > 1, or = 1 with similarity >= 0.3000"
+        );
+        // A tie among clear noise reads in exponent form.
+        let tiny = Ranked::pairs(&[1.0, 6.9e-44, 6.9e-44, 6.9e-44], &[0.9, 0.3, 0.2, 0.1]);
+        assert_eq!(
+            Rule::KeepFraction(0.5).resolve(&tiny).condition(),
+            "clean_prob > 6.9e-44, or = 6.9e-44 with similarity >= 0.3000"
+        );
+        // A cut at the end of a tie does not need the similarity: the cut
+        // of earlier versions, to the bit.
+        for f in [0.7, 0.8, 0.9] {
+            let c = Rule::KeepFraction(f).resolve(&pairs);
+            assert_eq!(c.min_similarity, None, "{f}");
+            assert_eq!(
+                c,
+                Rule::KeepFraction(f).resolve(&ranked(&[
+                    1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.3, 0.2, 1e-20
+                ]))
+            );
+        }
+        // Removing 60% keeps the top four; the absolute rule keeps the tie.
+        assert_eq!(Rule::RemoveNoise(Some(0.6)).resolve(&pairs).kept, 4);
+        assert_eq!(Rule::MinProb(1.0).resolve(&pairs).kept, 7);
+        // Equal in both scores (duplicates): kept together, and said.
+        let dup = Ranked::pairs(&[1.0; 4], &[0.5; 4]);
+        let c = Rule::KeepFraction(0.5).resolve(&dup);
+        assert_eq!((c.kept, c.min_similarity), (4, Some(0.5)));
+        assert!(c.tie_note().is_some());
+        let two = Ranked::pairs(&[1.0; 4], &[0.6, 0.5, 0.5, 0.5]);
+        let c = Rule::KeepFraction(0.5).resolve(&two);
+        assert_eq!((c.kept, c.tied_at_cut), (4, 3));
+        let note = c.tie_note().unwrap_or_default();
+        assert!(
+            note.starts_with(
+                "3 pairs (75%) at the cut share clean_prob 1.0000 and similarity 0.5000"
+            ),
+            "{note}"
+        );
+    }
+
+    #[test]
+    fn target_precision_splits_a_tie_by_similarity() {
+        // Ranked: 1.0 at similarities 0.9, 0.8, 0.7, then 0.0 at 0.2, 0.1.
+        // Running means 1, 1, 1, 0.75, 0.6: precision 0.75 keeps four, the
+        // cut falling inside the tie at 0.0; 0.8 keeps three, at its end.
+        let pairs = Ranked::pairs(&[1.0, 0.0, 1.0, 0.0, 1.0], &[0.9, 0.2, 0.8, 0.1, 0.7]);
+        let c = Rule::TargetPrecision(0.75).resolve(&pairs);
+        assert_eq!(
+            (c.kept, c.min_prob, c.min_similarity),
+            (4, 0.0, Some(f64::from(0.2f32)))
+        );
+        let c = Rule::TargetPrecision(0.8).resolve(&pairs);
+        assert_eq!((c.kept, c.min_similarity), (3, None));
     }
 
     #[test]
@@ -536,25 +842,25 @@ mod tests {
             (0.65, 5),
             (0.5, 6),
         ] {
-            let c = Rule::TargetPrecision(target).resolve(&P);
+            let c = Rule::TargetPrecision(target).resolve(&ranked(&P));
             assert_eq!(c.kept, kept, "target {target}");
             assert!(c.expected_precision >= target - 1e-6);
         }
-        assert_eq!(Rule::TargetPrecision(1.0).resolve(&P).kept, 1);
-        assert_eq!(Rule::TargetPrecision(1.0).resolve(&[0.5]).kept, 0);
+        assert_eq!(Rule::TargetPrecision(1.0).resolve(&ranked(&P)).kept, 1);
+        assert_eq!(Rule::TargetPrecision(1.0).resolve(&ranked(&[0.5])).kept, 0);
     }
 
     #[test]
     fn remove_noise_removes_the_estimated_share() {
         // Estimated rate 2.6 / 6 = 0.433 -> remove round(2.6) = 3 pairs: the
         // cut is the third highest (0.6), whose tie keeps a fourth.
-        let c = Rule::RemoveNoise(None).resolve(&P);
+        let c = Rule::RemoveNoise(None).resolve(&ranked(&P));
         assert_eq!(c.min_prob, f64::from(0.6f32));
         assert_eq!(c.kept, 4);
-        let c = Rule::RemoveNoise(Some(1.0 / 3.0)).resolve(&P);
+        let c = Rule::RemoveNoise(Some(1.0 / 3.0)).resolve(&ranked(&P));
         assert_eq!(c.kept, 4);
-        assert_eq!(Rule::RemoveNoise(Some(1.0)).resolve(&P).kept, 0);
-        assert_eq!(Rule::RemoveNoise(Some(0.0)).resolve(&P).kept, 6);
+        assert_eq!(Rule::RemoveNoise(Some(1.0)).resolve(&ranked(&P)).kept, 0);
+        assert_eq!(Rule::RemoveNoise(Some(0.0)).resolve(&ranked(&P)).kept, 6);
     }
 
     #[test]
@@ -590,7 +896,7 @@ mod tests {
             Rule::RemoveNoise(None).to_string(),
             "remove the estimated noise rate"
         );
-        let s = Rule::MinProb(0.6).resolve(&P).summary();
+        let s = Rule::MinProb(0.6).resolve(&ranked(&P)).summary();
         assert!(
             s.starts_with(
                 "clean_prob >= 0.6 -> keeping clean_prob >= 0.6000: 4 of 6 pairs (67%), \
@@ -599,6 +905,14 @@ mod tests {
             "{s}"
         );
         assert!(!s.contains("MinProb"), "{s}");
+        // A cut among clear noise keeps its digits; one keeping nothing
+        // says so.
+        let tiny = Rule::MinProb(2.5e-5).resolve(&ranked(&P));
+        assert_eq!(tiny.condition(), "clean_prob >= 2.50e-5");
+        assert_eq!(
+            Rule::MinProb(0.0).resolve(&[]).condition(),
+            "clean_prob >= 0.0000"
+        );
         assert_eq!(percent(0.0512), "5.1%");
         assert_eq!(percent(0.95), "95%");
     }
@@ -621,12 +935,12 @@ mod tests {
     fn tallies_added_per_file_equal_one_cut_over_all() {
         let (a, b) = P.split_at(2);
         let mut t = Tally::default();
-        t.add(a, 0.6);
+        t.add(&ranked(a), Bound::at(0.6));
         let mut u = Tally::default();
-        u.add(b, 0.6);
+        u.add(&ranked(b), Bound::at(0.6));
         t.merge(&u);
-        let whole = Cut::of(Rule::MinProb(0.6), 0.6, &P);
-        let merged = Cut::from_tally(Rule::MinProb(0.6), 0.6, &t);
+        let whole = Cut::of(Rule::MinProb(0.6), Bound::at(0.6), &ranked(&P));
+        let merged = Cut::from_tally(Rule::MinProb(0.6), Bound::at(0.6), &t);
         assert_eq!(merged.kept, whole.kept);
         assert!((merged.expected_precision - whole.expected_precision).abs() < 1e-12);
         assert!((merged.estimated_noise_rate - 2.6 / 6.0).abs() < 1e-6);
@@ -635,17 +949,20 @@ mod tests {
     #[test]
     fn the_sketch_keeps_evenly_spaced_ranks_and_resolves_like_the_data() {
         // Fewer pairs than points: all of them, highest first.
-        assert_eq!(Sketch::of(&P).points, [1.0, 0.9, 0.6, 0.6, 0.2, 0.1]);
+        assert_eq!(
+            Sketch::of(&ranked(&P)).points,
+            [1.0, 0.9, 0.6, 0.6, 0.2, 0.1]
+        );
         // 10,001 distinct values k / 10,000: point i is rank 10 i.
         let probs: Vec<f32> = (0..=10_000).map(|k| k as f32 / 10_000.0).collect();
-        let s = Sketch::of(&probs);
+        let s = Sketch::of(&ranked(&probs));
         assert_eq!((s.pairs, s.points.len()), (10_001, SKETCH_POINTS));
         assert_eq!(s.points[0], 1.0);
         assert_eq!(s.points[1], 0.999);
         assert_eq!(s.points[SKETCH_POINTS - 1], 0.0);
         // Keeping 80% of uniform values cuts at 0.2, on the data and on the
         // sketch alike; the expected precision of the top half is 0.75.
-        let r = Record::fit(Rule::KeepFraction(0.8), &probs);
+        let r = Record::fit(Rule::KeepFraction(0.8), &ranked(&probs));
         assert!((r.cut.min_prob - 0.2).abs() < 1e-4);
         assert!((r.cut_for(Rule::KeepFraction(0.8)).min_prob - 0.2).abs() < 1e-3);
         let half = r.cut_for(Rule::TargetPrecision(0.75));
@@ -653,13 +970,67 @@ mod tests {
     }
 
     #[test]
+    fn the_sketch_splits_a_tie_like_the_data() {
+        // 3,000 pairs, two thirds at 1.0 with distinct similarities: keeping
+        // half cuts inside the tie, at the same similarity on the sketch
+        // (1,001 points) within a point's share.
+        let probs: Vec<f32> = (0..3000)
+            .map(|i| {
+                if i < 2000 {
+                    1.0
+                } else {
+                    0.5 * i as f32 / 3000.0
+                }
+            })
+            .collect();
+        let sims: Vec<f32> = (0..3000).map(|i| i as f32 / 3000.0).collect();
+        let pairs = Ranked::pairs(&probs, &sims);
+        let r = Record::fit(Rule::KeepFraction(0.5), &pairs);
+        assert_eq!(r.cut.kept, 1500);
+        let s = r.cut.min_similarity.unwrap_or(f64::NAN);
+        assert!((s - 500.0 / 3000.0).abs() < 1e-6, "{s}");
+        let on_sketch = r.cut_for(Rule::KeepFraction(0.5));
+        let kept = pairs
+            .iter()
+            .filter(|p| on_sketch.keeps(Some(p.clean_prob), Some(p.similarity)))
+            .count();
+        assert!(kept.abs_diff(1500) <= 3, "{kept}");
+        assert_eq!(r.sketch.similarities.len(), SKETCH_POINTS);
+        // A sketch without similarities (an older record) cuts the tie
+        // whole, as the older version did.
+        let old = Record {
+            sketch: Sketch {
+                similarities: Vec::new(),
+                ..r.sketch.clone()
+            },
+            ..r.clone()
+        };
+        let c = old.cut_for(Rule::KeepFraction(0.5));
+        assert_eq!((c.min_prob, c.min_similarity), (1.0, None));
+    }
+
+    #[test]
     fn records_round_trip_through_json() {
         let dir = tempfile::tempdir().unwrap();
         for rule in [Rule::RemoveNoise(None), Rule::KeepFraction(0.0)] {
-            let r = Record::fit(rule, &P);
+            let r = Record::fit(rule, &ranked(&P));
             r.save(dir.path()).unwrap();
             assert_eq!(Record::load(dir.path()).unwrap(), Some(r));
         }
+        let split = Record::fit(Rule::KeepFraction(0.5), &saturated());
+        assert!(split.cut.min_similarity.is_some());
+        split.save(dir.path()).unwrap();
+        assert_eq!(Record::load(dir.path()).unwrap(), Some(split));
+        // A record written before ties were split (no similarities, no
+        // tie count) still loads.
+        let old = r#"{"cut": {"rule": {"rule": "keep_fraction", "value": 0.5},
+            "min_prob": 0.6, "scored": 6, "kept": 4, "expected_precision": 0.775,
+            "expected_noise_removed": 0.65, "estimated_noise_rate": 0.43},
+            "sketch": {"pairs": 6, "points": [1.0, 0.9, 0.6, 0.6, 0.2, 0.1]}}"#;
+        std::fs::write(dir.path().join(RECORD_FILE), old).unwrap();
+        let r = Record::load(dir.path()).unwrap().unwrap();
+        assert_eq!((r.cut.min_similarity, r.cut.tied_at_cut), (None, 0));
+        assert_eq!(r.cut_for(Rule::KeepFraction(0.5)).kept, 4);
         std::fs::write(dir.path().join(RECORD_FILE), r#"{"cut": 1}"#).unwrap();
         let e = Record::load(dir.path()).unwrap_err().to_string();
         assert!(e.contains("not a valid ncclean threshold record"), "{e}");

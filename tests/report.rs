@@ -230,26 +230,27 @@ fn threshold_table_matches_hand_computed_cuts() {
         (Some(7), Some(6))
     );
     // Sorted: 1.0 0.9 0.6 0.6 0.2 0.1; sum 3.4, estimated noise 2.6.
-    // Top 50% = 3 pairs, whose cut 0.6 keeps the tie too: 4 kept, precision
+    // Top 50% = 3 pairs, whose cut falls inside the tie at 0.6; its pairs
+    // are equal in similarity too (p / 2), so it keeps both: 4 kept, precision
     // 3.1/4, the removed 0.2 and 0.1 hold 1.7 of the 2.6 noise.
     assert_eq!(
         table_row(&html, "keep the top 50%"),
-        "<tr><td>keep the top 50%</td><td>0.6000</td><td>4 of 6</td><td>66.7%</td><td>77.5%</td><td>65.4%</td></tr>"
+        "<tr><td>keep the top 50%</td><td>clean_prob &gt; 0.6, or = 0.6 with similarity &gt;= 0.3000</td><td>4 of 6</td><td>66.7%</td><td>77.5%</td><td>65.4%</td></tr>"
     );
     // Top 80% = round(4.8) = 5 pairs, cut 0.2: precision 3.3/5, the
     // removed 0.1 holds 0.9 of 2.6.
     assert_eq!(
         table_row(&html, "keep the top 80%"),
-        "<tr><td>keep the top 80%</td><td>0.2000</td><td>5 of 6</td><td>83.3%</td><td>66.0%</td><td>34.6%</td></tr>"
+        "<tr><td>keep the top 80%</td><td>clean_prob &gt;= 0.2000</td><td>5 of 6</td><td>83.3%</td><td>66.0%</td><td>34.6%</td></tr>"
     );
     assert_eq!(
         table_row(&html, "keep the top 100%"),
-        "<tr><td>keep the top 100%</td><td>0.1000</td><td>6 of 6</td><td>100.0%</td><td>56.7%</td><td>0.0%</td></tr>"
+        "<tr><td>keep the top 100%</td><td>clean_prob &gt;= 0.1000</td><td>6 of 6</td><td>100.0%</td><td>56.7%</td><td>0.0%</td></tr>"
     );
     // The run's own threshold, 0.5, keeps the same four.
     assert_eq!(
         table_row(&html, "clean_prob &gt;= 0.5"),
-        "<tr><td>clean_prob &gt;= 0.5</td><td>0.5000</td><td>4 of 6</td><td>66.7%</td><td>77.5%</td><td>65.4%</td></tr>"
+        "<tr><td>clean_prob &gt;= 0.5</td><td>clean_prob &gt;= 0.5000</td><td>4 of 6</td><td>66.7%</td><td>77.5%</td><td>65.4%</td></tr>"
     );
     // Two pairs a group: lowest 0.1, 0.2; highest 1.0, 0.9; the 0.6 pair
     // nearest 0.5 (the earlier of the tie) and the other 0.6.

@@ -112,6 +112,8 @@ fn every_rule_cuts_at_or_above_and_reports_its_numbers() {
         let rows = decisions(&run.join("labels.parquet"));
         // Training is the same for every rule (same seed): only the cut moves.
         assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), probs);
+        // Demo pairs tie rarely: every cut here falls between two values.
+        assert!(cut.get("min_similarity").is_none(), "{name}: {cut}");
         for &(c, clean) in &rows {
             assert_eq!(clean, f64::from(c) >= min_prob, "{name}: {c} vs {min_prob}");
         }
@@ -507,4 +509,114 @@ fn shards_scored_apart_get_one_cut_for_a_fraction_rule() {
             );
         }
     }
+}
+
+/// The kept rows' keys of a filtered parquet.
+fn kept_keys(path: &Path) -> std::collections::BTreeSet<String> {
+    use arrow_array::{Array, StringArray};
+    let f = std::fs::File::open(path).unwrap();
+    let mut out = std::collections::BTreeSet::new();
+    for b in parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+        .unwrap()
+        .build()
+        .unwrap()
+    {
+        let b = b.unwrap();
+        let c = b.column_by_name("key").unwrap();
+        let s = c.as_any().downcast_ref::<StringArray>().unwrap();
+        out.extend((0..s.len()).map(|i| s.value(i).to_string()));
+    }
+    out
+}
+
+#[test]
+fn a_share_rule_cuts_inside_a_tie_by_similarity() {
+    let tmp = tempfile::tempdir().unwrap();
+    let noisy = data(tmp.path(), "noisy", 0.3);
+    let run = tmp.path().join("run");
+    fit(&noisy, &run, &[]);
+    // Saturate the labels as a confident mixture does in f32: the top 70%
+    // by clean_prob all read exactly 1.0.
+    let (mut rows, meta) = read_labels(&run.join("labels.parquet")).unwrap();
+    let mut probs: Vec<f32> = rows.iter().filter_map(|l| l.clean_prob).collect();
+    probs.sort_by(|a, b| b.total_cmp(a));
+    let floor = probs[1399];
+    for l in &mut rows {
+        if l.clean_prob.is_some_and(|c| c >= floor) {
+            l.clean_prob = Some(1.0);
+        }
+    }
+    let mut tied: Vec<(f32, String)> = rows
+        .iter()
+        .filter(|l| l.clean_prob == Some(1.0))
+        .map(|l| (l.similarity.unwrap(), l.key.clone()))
+        .collect();
+    assert!(tied.len() >= 1400);
+    let saturated = tmp.path().join("saturated.parquet");
+    ncclean::data::write_labels(&saturated, &rows, &meta).unwrap();
+
+    // Half of 2,000 is cut among the tied pairs: the 1,000 most similar.
+    let kept = tmp.path().join("kept.parquet");
+    let out = ncclean(&[
+        "filter",
+        p(&noisy),
+        "--labels",
+        p(&saturated),
+        "--out",
+        p(&kept),
+        "--keep-fraction",
+        "0.5",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("keeping clean_prob > 1, or = 1 with similarity >= "),
+        "{err}"
+    );
+    assert!(!err.contains("kept together"), "{err}");
+    tied.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let want: std::collections::BTreeSet<String> =
+        tied[..1000].iter().map(|t| t.1.clone()).collect();
+    assert_eq!(kept_keys(&kept), want);
+
+    // `score` applies a stored cut that splits a tie: a pair at the cut's
+    // clean_prob is kept by its similarity.
+    let (fitted, _) = read_labels(&run.join("labels.parquet")).unwrap();
+    let mut by_prob: Vec<&ncclean::data::LabelRow> =
+        fitted.iter().filter(|l| l.clean_prob.is_some()).collect();
+    by_prob.sort_by(|a, b| b.clean_prob.unwrap().total_cmp(&a.clean_prob.unwrap()));
+    let at = by_prob[1000];
+    let ckpt = run.join("checkpoint");
+    let mut record = Record::load(&ckpt).unwrap().unwrap();
+    record.cut.min_prob = f64::from(at.clean_prob.unwrap());
+    record.cut.min_similarity = Some(f64::from(at.similarity.unwrap()) + 1e-3);
+    record.save(&ckpt).unwrap();
+    let again = tmp.path().join("again.parquet");
+    let out = ok(&[
+        "score",
+        p(&noisy),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&again),
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["min_similarity"], record.cut.min_similarity.unwrap());
+    let (scored, meta) = read_labels(&again).unwrap();
+    let row = scored.iter().find(|l| l.key == at.key).unwrap();
+    assert_eq!(row.clean_prob, at.clean_prob);
+    assert!(!row.is_clean, "below the similarity bound at the cut");
+    let (c, s) = (at.clean_prob.unwrap(), record.cut.min_similarity.unwrap());
+    for l in &scored {
+        let want = l
+            .clean_prob
+            .is_some_and(|p| p > c || (p == c && f64::from(l.similarity.unwrap()) >= s));
+        assert_eq!(l.is_clean, want, "{}", l.key);
+    }
+    let clean = scored.iter().filter(|l| l.is_clean).count();
+    assert_eq!(v["clean"].as_u64().unwrap() as usize, clean);
+    assert_eq!(
+        meta["ncclean.threshold_min_similarity"],
+        record.cut.min_similarity.unwrap().to_string()
+    );
 }

@@ -42,7 +42,10 @@ impl Vocab {
     ) -> Vocab {
         let mut counts: HashMap<String, usize> = HashMap::new();
         for c in captions {
-            for w in words(c) {
+            // Only the words `encode` keeps: words past `max_len` are never
+            // seen by the model, and counting them let one long caption of
+            // distinct words fill the table (and `max_size`) with them.
+            for w in words(c).take(max_len) {
                 *counts.entry(w).or_default() += 1;
             }
         }
@@ -114,6 +117,19 @@ mod tests {
     fn max_len_and_serde_round_trip() {
         let v = Vocab::build(["x y z w"].iter().copied(), 1, 100, 2);
         assert_eq!(v.encode("x y z w").len(), 2);
+        // Words past the cut are not counted: z and w never reach the model.
+        assert_eq!(v.words, ["x", "y"]);
+        // So a caption padded past the cut cannot crowd out the words that
+        // are seen: with room for two words, b (seen twice) is kept.
+        let long = format!(
+            "a {}",
+            (0..100)
+                .map(|i| format!("w{i} w{i}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        let v = Vocab::build([long.as_str(), "b", "b"], 1, 4, 2);
+        assert_eq!(v.words, ["b", "a"]);
         let s = serde_json::to_string(&v).unwrap();
         let mut back: Vocab = serde_json::from_str(&s).unwrap();
         back.reindex();

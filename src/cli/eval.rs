@@ -17,6 +17,7 @@ use crate::data::{self, LabelRow, RowStatus};
 use crate::error::{invalid, Result};
 use crate::metrics::{auroc, average_precision, calibration_error, precision_recall_f1};
 use crate::progress::Reporter;
+use crate::threshold::Ranked;
 
 /// Arguments of `ncclean eval`.
 #[derive(Debug, Args)]
@@ -52,7 +53,7 @@ pub struct EvalArgs {
     /// Key column of the truth file (default: detected; else `<file stem>:<row>`).
     #[arg(long, value_name = "NAME")]
     pub truth_key_col: Option<String>,
-    /// Print one JSON object: auroc, ap, auroc_soft_label, auroc_similarity, mean_clean_prob, clean_share, calibration_error, precision, recall, f1, n, noisy, skipped.
+    /// Print one JSON object: auroc, ap, auroc_ranked, auroc_soft_label, auroc_similarity, mean_clean_prob, clean_share, calibration_error, precision, recall, f1, n, noisy, skipped.
     #[arg(long)]
     pub json: bool,
 }
@@ -64,6 +65,10 @@ pub struct Detection {
     pub auroc: Option<f64>,
     /// Average precision of 1 − clean_prob for noisy pairs.
     pub ap: Option<f64>,
+    /// AUROC of the order the share rules cut by (`--keep-fraction`,
+    /// `--target-precision`, `--remove-noise-rate`): clean_prob, then the
+    /// similarity among pairs of equal clean_prob.
+    pub auroc_ranked: Option<f64>,
     /// AUROC of 1 − soft_label: how the method's soft label ranks.
     pub auroc_soft_label: Option<f64>,
     /// AUROC of −similarity: how the trained model's similarity ranks. A
@@ -214,6 +219,7 @@ pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detect
         ));
     }
     let (mut probs, mut soft, mut sim) = (Vec::new(), Vec::new(), Vec::new());
+    let mut ranked = Vec::new();
     let mut is_noisy = Vec::new();
     let mut predicted_noisy = Vec::new();
     let mut skipped = 0;
@@ -230,6 +236,10 @@ pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detect
         probs.push(f64::from(l.clean_prob.unwrap_or(0.0)));
         soft.push(-f64::from(l.soft_label.unwrap_or(0.0)));
         sim.push(-f64::from(l.similarity.unwrap_or(0.0)));
+        ranked.push(Ranked {
+            clean_prob: l.clean_prob.unwrap_or(0.0),
+            similarity: l.similarity.unwrap_or(0.0),
+        });
         is_noisy.push(t);
         predicted_noisy.push(!l.is_clean);
     }
@@ -252,6 +262,7 @@ pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detect
         ap: average_precision(&scores, &is_noisy),
         auroc_soft_label: auroc(&soft, &is_noisy),
         auroc_similarity: auroc(&sim, &is_noisy),
+        auroc_ranked: auroc(&rule_order(&ranked), &is_noisy),
         mean_clean_prob: probs.iter().sum::<f64>() / n.max(1) as f64,
         clean_share: (n - noisy) as f64 / n.max(1) as f64,
         calibration_error: calibration_error(&probs, &is_clean),
@@ -262,6 +273,23 @@ pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detect
         noisy,
         skipped,
     })
+}
+
+/// The share rules' order ([`Ranked`]) as one noisiness score: each pair
+/// gets its rank, cleanest first, so the noisiest score highest; pairs
+/// equal in both scores share one.
+fn rule_order(pairs: &[Ranked]) -> Vec<f64> {
+    let mut idx: Vec<usize> = (0..pairs.len()).collect();
+    idx.sort_by(|&a, &b| Ranked::descending(&pairs[a], &pairs[b]));
+    let mut out = vec![0.0; pairs.len()];
+    let mut rank = 0;
+    for (pos, &i) in idx.iter().enumerate() {
+        if pos > 0 && pairs[idx[pos - 1]] != pairs[i] {
+            rank = pos;
+        }
+        out[i] = rank as f64;
+    }
+    out
 }
 
 fn run_retrieval(a: &EvalArgs, rep: &Reporter) -> Result<()> {
@@ -351,6 +379,10 @@ pub fn run(a: EvalArgs, rep: &Reporter) -> Result<()> {
         println!("AUROC (1 - clean_prob, noisy class): {}", f(d.auroc));
         println!("average precision:                   {}", f(d.ap));
         println!(
+            "AUROC of the rules' order:           {} (clean_prob, ties by similarity)",
+            f(d.auroc_ranked)
+        );
+        println!(
             "AUROC of 1 - soft_label:             {}",
             f(d.auroc_soft_label)
         );
@@ -431,6 +463,15 @@ mod tests {
             .expect("detection");
         assert_eq!(d.auroc, Some(0.5));
         assert_eq!(d.auroc_similarity, Some(1.0));
+        // The rules cut the tie by similarity too.
+        assert_eq!(d.auroc_ranked, Some(1.0));
+        // Equal in both scores: still a tie (each pair counts half), and
+        // clean_prob comes before the similarity.
+        labels[1].similarity = Some(0.1);
+        labels[0].clean_prob = Some(0.5);
+        let d = detection(&labels, &truth(&[("a", false), ("b", false), ("c", true)]))
+            .expect("detection");
+        assert_eq!(d.auroc_ranked, Some(0.25));
     }
 
     #[test]
@@ -450,6 +491,7 @@ mod tests {
         assert_eq!(d.auroc, Some(0.75));
         assert_eq!(d.auroc_soft_label, Some(0.75));
         assert_eq!(d.auroc_similarity, Some(0.75));
+        assert_eq!(d.auroc_ranked, Some(0.75));
         // Bins: 0.9 (clean) gap 0.1; 0.6 (noisy) gap 0.6; 0.4 (clean) gap
         // 0.6; 0.1 (noisy) gap 0.1; a quarter each.
         assert!(

@@ -9,6 +9,7 @@ use crate::data;
 use crate::engine::{FingerprintCheck, LabelIndex};
 use crate::error::{Error, Result};
 use crate::progress::Reporter;
+use crate::threshold::Ranked;
 
 use super::threshold::ThresholdArgs;
 use super::{DataArgs, ShardArgs};
@@ -96,7 +97,7 @@ fn check_engine(engine: FilterEngine) -> Result<()> {
 pub enum Rule {
     /// The labels' own is_clean.
     IsClean,
-    /// A cut resolved on the labels' clean_prob.
+    /// A cut resolved on the labels' clean_prob (ties by similarity).
     Cut(crate::threshold::Cut),
 }
 
@@ -120,11 +121,11 @@ pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
     }
 }
 
-/// The rule of the flags, resolved on `probs` (every scored row's
-/// clean_prob), which are read only when a rule is given.
-fn rule_of(a: &FilterArgs, probs: impl FnOnce() -> Result<Vec<f32>>) -> Result<Rule> {
+/// The rule of the flags, resolved on `pairs` (every scored row's
+/// clean_prob and similarity), which are read only when a rule is given.
+fn rule_of(a: &FilterArgs, pairs: impl FnOnce() -> Result<Vec<Ranked>>) -> Result<Rule> {
     Ok(match a.threshold.rule()? {
-        Some(rule) => Rule::Cut(rule.resolve(&probs()?)),
+        Some(rule) => Rule::Cut(rule.resolve(&pairs()?)),
         None => Rule::IsClean,
     })
 }
@@ -133,7 +134,7 @@ fn rule_of(a: &FilterArgs, probs: impl FnOnce() -> Result<Vec<f32>>) -> Result<R
 fn keeps(rule: Rule, l: &data::LabelRow) -> bool {
     match rule {
         Rule::IsClean => l.is_clean,
-        Rule::Cut(c) => c.keeps(l.clean_prob),
+        Rule::Cut(c) => c.keeps(l.clean_prob, l.similarity),
     }
 }
 
@@ -278,9 +279,7 @@ fn run_one(a: &FilterArgs, out: &Path, rep: &Reporter) -> Result<()> {
     let format = data::OutputFormat::choose(&input, out, a.format);
     check_all_rows(a, format, out)?;
     let (labels, labels_meta) = data::read_labels(&a.labels)?;
-    let rule = rule_of(a, || {
-        Ok(labels.iter().filter_map(|l| l.clean_prob).collect())
-    })?;
+    let rule = rule_of(a, || Ok(Ranked::labelled(&labels)))?;
     let index = LabelIndex::new(&labels)?;
     let check = FingerprintCheck::of(&input, &labels_meta)?;
     rep.info(&check.to_string());
@@ -357,14 +356,14 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
     // A rule's cut is over every shard's labels (not only this worker's),
     // so all workers apply the same cut.
     let rule = rule_of(a, || match &single {
-        Some(l) => Ok(l.iter().filter_map(|l| l.clean_prob).collect()),
+        Some(l) => Ok(Ranked::labelled(l)),
         None => {
-            let mut probs = Vec::new();
+            let mut pairs = Vec::new();
             for s in a.shards.select_all(&a.data.data, a.data.discovery())? {
                 let (l, _) = data::read_labels(&labels_of(&s.stem))?;
-                probs.extend(l.iter().filter_map(|l| l.clean_prob));
+                pairs.extend(Ranked::labelled(&l));
             }
-            Ok(probs)
+            Ok(pairs)
         }
     })?;
     let single_sha = match &single {
@@ -535,14 +534,15 @@ mod tests {
 
     #[test]
     fn rules_read_as_sentences_not_debug_values() {
-        let c = ThresholdRule::KeepFraction(0.5).resolve(&[0.9, 0.1]);
+        let pairs = Ranked::pairs(&[0.9, 0.1], &[]);
+        let c = ThresholdRule::KeepFraction(0.5).resolve(&pairs);
         let s = Rule::Cut(c).to_string();
         assert!(
             s.starts_with("keep the top 50% -> keeping clean_prob >= 0.9000: 1 of 2 pairs"),
             "{s}"
         );
         assert!(!s.contains("Cut("), "{s}");
-        let none = ThresholdRule::KeepFraction(0.0).resolve(&[0.9, 0.1]);
+        let none = ThresholdRule::KeepFraction(0.0).resolve(&pairs);
         assert!(Rule::Cut(none)
             .to_string()
             .contains("keeping no pair: 0 of 2"));

@@ -200,7 +200,8 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
             "out_dir": a.out_dir.display().to_string(),
             "rows": s.rows, "usable": s.pairs, "skipped": s.skipped, "clean": s.clean,
             "estimated_noise_rate": s.estimated_noise_rate,
-            "min_prob": s.cut.min_prob, "expected_precision": s.cut.expected_precision,
+            "min_prob": s.cut.min_prob, "min_similarity": s.cut.min_similarity,
+            "expected_precision": s.cut.expected_precision,
             "warnings": s.warnings,
             "train_seconds": s.train_seconds, "score_pairs_per_second": s.score_pairs_per_second,
         })

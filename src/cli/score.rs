@@ -266,8 +266,10 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
         for (k, &row) in prepared.ok.iter().enumerate() {
             let f = prepared.rows[row].file;
             pairs_of[f].push(k);
-            if let Some(p) = scored.labels[row].clean_prob {
-                tally_of[f].add(&[p], engine.cut().min_prob);
+            let l = &scored.labels[row];
+            if let Some(p) = l.clean_prob {
+                let pair = crate::threshold::Ranked::new(p, l.similarity);
+                tally_of[f].add(&[pair], engine.cut().bound());
             }
         }
         for (f, (pairs, tally)) in pairs_of.iter().zip(&tally_of).enumerate() {
@@ -362,9 +364,9 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
         serde_json::json!({
             "out": out.display().to_string(), "rows": total.rows, "usable": total.usable,
             "skipped": total.skipped, "clean": total.kept, "estimated_noise_rate": noise,
-            "min_prob": cut.min_prob, "expected_precision": cut.expected_precision,
-            "pairs_per_second": pps, "filtered_rows": filtered_rows,
-            "warnings": warnings.all,
+            "min_prob": cut.min_prob, "min_similarity": cut.min_similarity,
+            "expected_precision": cut.expected_precision, "pairs_per_second": pps,
+            "filtered_rows": filtered_rows, "warnings": warnings.all,
         })
     );
     a.outcome.check(total.rows, total.skipped)?;
@@ -379,12 +381,17 @@ fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Res
     let cache = a.cache.options();
     // The column options and image limits decide which rows are usable:
     // changing them redoes the shards too.
-    // So do the cut: shards labelled under another rule are redone.
+    // So do the cut: shards labelled under another rule are redone (a cut
+    // that splits no tie reads as before, so its shards are kept).
     let mut warnings = FileWarnings::default();
+    let cut = engine.cut();
     let source = format!(
-        "checkpoint sha256 {}; is_clean clean_prob >= {}; input options {}",
+        "checkpoint sha256 {}; is_clean clean_prob >= {}{}; input options {}",
         crate::checkpoint::sha256(&engine.dir)?,
-        engine.cut().min_prob,
+        cut.min_prob,
+        cut.min_similarity
+            .map(|s| format!(" (at it, similarity >= {s})"))
+            .unwrap_or_default(),
         &crate::hex::sha256_hex(
             serde_json::to_string(&opts)
                 .context("serialising the input options")?

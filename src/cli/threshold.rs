@@ -7,7 +7,8 @@ use crate::error::{Error, Result};
 use crate::threshold::Rule;
 
 /// At most one rule for the clean set; every rule ends as a cut
-/// `clean_prob >= P` (ties at the cut are kept together).
+/// `clean_prob >= P`, which a share rule may refine inside a tie at P by
+/// the similarity.
 #[derive(Debug, Clone, Default, Args)]
 #[group(id = "rule", multiple = false)]
 #[command(next_help_heading = "Clean set (at most one rule; README, \"Choosing a threshold\")")]
@@ -18,20 +19,22 @@ pub struct ThresholdArgs {
     #[arg(long, value_name = "P", alias = "threshold")]
     pub min_prob: Option<f64>,
     /// Keep this fraction of the pairs, highest clean_prob first (0.8 keeps
-    /// the top 80%). fit resolves it on the training pairs, score on the
-    /// training distribution stored with the checkpoint (one cut for every
-    /// shard), filter on every label it reads.
+    /// the top 80%); pairs of equal clean_prob (a confident mixture gives
+    /// many exactly 1.0) are ranked by ncclean_similarity, so the cut can
+    /// fall inside them. fit resolves it on the training pairs, score on
+    /// the training distribution stored with the checkpoint (one cut for
+    /// every shard), filter on every label it reads.
     #[arg(long, value_name = "K")]
     pub keep_fraction: Option<f64>,
-    /// Keep the largest set, highest clean_prob first, whose expected
+    /// Keep the largest set, in the same order, whose expected
     /// precision (the mean clean_prob over it, read as a calibrated
     /// probability) is at least P: 0.95 aims at 5% noise among the kept
     /// pairs. Resolved like --keep-fraction.
     #[arg(long, value_name = "P")]
     pub target_precision: Option<f64>,
-    /// Remove the lowest fraction R of the pairs; without R, the estimated
-    /// noise rate (the mean of 1 - clean_prob). Resolved like
-    /// --keep-fraction.
+    /// Remove the lowest fraction R of the pairs, in the same order;
+    /// without R, the estimated noise rate (the mean of 1 - clean_prob).
+    /// Resolved like --keep-fraction.
     #[arg(long, value_name = "R", num_args = 0..=1)]
     pub remove_noise_rate: Option<Option<f64>>,
 }

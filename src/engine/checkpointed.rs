@@ -21,7 +21,7 @@ use crate::error::{invalid, pipeline_at, Error, Result};
 use crate::features::CacheOptions;
 use crate::progress::Reporter;
 use crate::signal::{self, SignalCheck};
-use crate::threshold::{self, Cut, Record, Rule, Tally};
+use crate::threshold::{self, Bound, Cut, Ranked, Record, Rule, Tally};
 
 /// Pairs of a signal check's sample embedded at a time.
 const SIGNAL_PIECE: usize = 128;
@@ -82,7 +82,7 @@ impl Engine {
             Some(r) => r.cut,
             None => {
                 let p = state.config.threshold;
-                Cut::of(Rule::MinProb(p), p, &[])
+                Cut::of(Rule::MinProb(p), Bound::at(p), &[])
             }
         };
         Ok(Engine {
@@ -120,7 +120,7 @@ impl Engine {
     pub fn use_rule(&mut self, rule: Rule) -> Result<()> {
         self.cut = match (&self.record, rule) {
             (Some(r), _) => r.cut_for(rule),
-            (None, Rule::MinProb(p)) => Cut::of(rule, p, &[]),
+            (None, Rule::MinProb(p)) => Cut::of(rule, Bound::at(p), &[]),
             (None, _) => {
                 return Err(Error::Usage(format!(
                     "{}: this checkpoint has no {} (it predates threshold records), so {} has no \
@@ -368,9 +368,13 @@ impl Engine {
                 .map_err(|e| self.scoring_error(e))?
         };
         let seconds = started.elapsed().as_secs_f64();
-        let labels = label_rows(input, prepared, &scores, self.cut.min_prob);
+        let bound = self.cut.bound();
+        let labels = label_rows(input, prepared, &scores, bound);
         let mut tally = Tally::default();
-        tally.add(&scores.clean_prob, self.cut.min_prob);
+        tally.add(
+            &Ranked::pairs(&scores.clean_prob, &scores.similarity),
+            bound,
+        );
         Ok(Scored {
             labels,
             metadata: BTreeMap::new(),
@@ -384,7 +388,7 @@ impl Engine {
 
     /// This engine's cut over the pairs of `tally` (scored with it).
     pub fn cut_over(&self, tally: &Tally) -> Cut {
-        Cut::from_tally(self.cut.rule, self.cut.min_prob, tally)
+        Cut::from_tally(self.cut.rule, self.cut.bound(), tally)
     }
 
     /// Parquet key–value metadata of a labels file this engine scored.
@@ -412,6 +416,9 @@ impl Engine {
         );
         put(&mut metadata, "seed", self.state.seed.to_string());
         put(&mut metadata, "threshold", s.cut.min_prob.to_string());
+        if let Some(sim) = s.cut.min_similarity {
+            put(&mut metadata, "threshold_min_similarity", sim.to_string());
+        }
         put(&mut metadata, "threshold_rule", s.cut.rule.to_string());
         put(&mut metadata, "threshold_summary", s.cut.summary());
         put(

@@ -23,7 +23,7 @@ use crate::progress::Reporter;
 use crate::rundir::{self, RunDir};
 use crate::sample::{Sample, SampleInfo};
 use crate::signal::{MixtureSummary, SignalCheck};
-use crate::threshold::{Cut, Record, Rule};
+use crate::threshold::{Cut, Ranked, Record, Rule};
 
 /// What `fit` was asked to do.
 #[derive(Debug, Clone)]
@@ -317,14 +317,14 @@ pub fn fit(
     // in the checkpoint, so `score` applies the same one on every shard.
     let mut engine = Engine::load(&ckpt_dir, device)?;
     let mut scored = engine.score_rows(input, &prepared, false, rep)?;
-    let probs: Vec<f32> = scored.labels.iter().filter_map(|l| l.clean_prob).collect();
+    let pairs = Ranked::labelled(&scored.labels);
     let rule = opts.rule.unwrap_or(Rule::MinProb(cfg.threshold));
-    let record = Record::fit(rule, &probs);
+    let record = Record::fit(rule, &pairs);
     record.save(&ckpt_dir)?;
     let cut = record.cut;
     engine.set_record(record);
     for l in &mut scored.labels {
-        l.is_clean = cut.keeps(l.clean_prob);
+        l.is_clean = cut.keeps(l.clean_prob, l.similarity);
     }
     rep.info(&cut.summary());
     let division = division_summary(&engine.state)?;

@@ -4,15 +4,16 @@ use ncclean_pipelines::{PairScores, TrainConfig};
 
 use super::prepare::Prepared;
 use crate::data::{InputSet, LabelRow, RowStatus};
+use crate::threshold::{Bound, Ranked};
 
 /// Label rows for every input row: scores for usable pairs, `skipped` with
-/// the reason for the rest; `is_clean` is `clean_prob >= min_prob` (the
-/// cut of [`crate::threshold`]).
+/// the reason for the rest; `is_clean` is whether `bound` keeps the pair
+/// (the cut of [`crate::threshold`]).
 pub(super) fn label_rows(
     input: &InputSet,
     prepared: &Prepared,
     scores: &PairScores,
-    min_prob: f64,
+    bound: Bound,
 ) -> Vec<LabelRow> {
     let mut out: Vec<LabelRow> = prepared
         .rows
@@ -32,10 +33,11 @@ pub(super) fn label_rows(
     for (k, &i) in prepared.ok.iter().enumerate() {
         let row = &mut out[i];
         let p = scores.clean_prob.get(k).copied();
+        let sim = scores.similarity.get(k).copied();
         row.clean_prob = p;
         row.soft_label = scores.soft_label.get(k).copied();
-        row.similarity = scores.similarity.get(k).copied();
-        row.is_clean = p.is_some_and(|p| f64::from(p) >= min_prob);
+        row.similarity = sim;
+        row.is_clean = p.is_some_and(|p| bound.keeps(&Ranked::new(p, sim)));
         row.status = RowStatus::Ok;
     }
     out
@@ -90,7 +92,7 @@ mod tests {
             similarity: vec![0.3, -0.1],
             ..PairScores::default()
         };
-        let rows = label_rows(&input, &prepared, &scores, 0.5);
+        let rows = label_rows(&input, &prepared, &scores, Bound::at(0.5));
         assert_eq!(rows.len(), 3);
         let keys: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();
         assert_eq!(keys, ["a", "b", "c"]);
@@ -107,7 +109,14 @@ mod tests {
         // strict `>` of earlier versions called it noisy) and not above.
         assert_eq!(rows[2].clean_prob, Some(0.5));
         assert!(rows[2].is_clean);
-        assert!(!label_rows(&input, &prepared, &scores, 0.50001)[2].is_clean);
+        assert!(!label_rows(&input, &prepared, &scores, Bound::at(0.50001))[2].is_clean);
+        // Inside a tie, the similarity decides: c (-0.1) is below -0.05.
+        let split = Bound {
+            min_prob: 0.5,
+            min_similarity: Some(-0.05),
+        };
+        let rows = label_rows(&input, &prepared, &scores, split);
+        assert!(rows[0].is_clean && !rows[2].is_clean);
         assert!(rows.iter().all(|r| r.source_file == "data/train.parquet"));
         assert_eq!(rows[2].source_row, 2);
     }

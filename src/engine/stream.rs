@@ -214,10 +214,11 @@ impl Engine {
                 .map_err(|e| self.scoring_error(e))?
         };
         let seconds = started.elapsed().as_secs_f64();
-        let min_prob = self.cut().min_prob;
-        let labels = label_rows(input, prepared, &scores, min_prob);
+        let bound = self.cut().bound();
+        let labels = label_rows(input, prepared, &scores, bound);
         let mut tally = crate::threshold::Tally::default();
-        tally.add(&scores.clean_prob, min_prob);
+        let pairs = crate::threshold::Ranked::pairs(&scores.clean_prob, &scores.similarity);
+        tally.add(&pairs, bound);
         let pairs = prepared.ok.len();
         let noise = crate::threshold::estimated_noise_rate(&scores.clean_prob);
         // One check a file, on its first block (a file's blocks are alike).

@@ -147,23 +147,15 @@ fn cuts(h: &mut String, cuts: &[Cut]) {
          the expected precision is the mean <code>clean_prob</code> of the kept pairs, the \
          noise removed the share of the estimated noise (the sum of \
          <code>1 - clean_prob</code>) held by the removed pairs.</p>\
-         <table class=\"cuts\"><tr><th>rule</th><th>keeps clean_prob &ge;</th><th>kept pairs</th>\
+         <table class=\"cuts\"><tr><th>rule</th><th>keeps</th><th>kept pairs</th>\
          <th>kept fraction</th><th>expected precision</th><th>noise removed</th></tr>",
     );
     for c in cuts {
-        // Cuts among the near-zero probabilities of clear noise would all
-        // read 0.0000 with four decimals.
-        let cut = if !c.min_prob.is_finite() {
-            "none kept".into()
-        } else if c.min_prob > 0.0 && c.min_prob < 1e-3 {
-            format!("{:.2e}", c.min_prob)
-        } else {
-            format!("{:.4}", c.min_prob)
-        };
         let _ = write!(
             h,
-            "<tr><td>{}</td><td>{cut}</td><td>{} of {}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{} of {}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(&c.rule.to_string()),
+            escape(&c.condition()),
             c.kept,
             c.scored,
             pct(c.kept_fraction()),

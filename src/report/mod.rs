@@ -37,7 +37,7 @@ use ncclean_pipelines::division::{Fallback, MixtureKind};
 
 use crate::data::RowStatus;
 use crate::error::Result;
-use crate::threshold::{self, percent, Rule};
+use crate::threshold::{self, percent, Ranked, Rule};
 
 /// Bins of the `clean_prob` and similarity histograms.
 pub const HIST_BINS: usize = 40;
@@ -216,9 +216,16 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
         });
     }
 
-    page.cuts = threshold::table(&probs, &KEEP_FRACTIONS);
-    page.cuts.push(Rule::MinProb(run.threshold).resolve(&probs));
-    page.cuts.push(Rule::RemoveNoise(None).resolve(&probs));
+    let ranked: Vec<Ranked> = run
+        .labels
+        .iter()
+        .filter(|l| l.status == RowStatus::Ok)
+        .filter_map(|l| l.clean_prob.map(|p| Ranked::new(p, l.similarity)))
+        .collect();
+    page.cuts = threshold::table(&ranked, &KEEP_FRACTIONS);
+    page.cuts
+        .push(Rule::MinProb(run.threshold).resolve(&ranked));
+    page.cuts.push(Rule::RemoveNoise(None).resolve(&ranked));
 
     let per_group = opts.per_group.min(MAX_PER_GROUP);
     let picks = pick(&scored, per_group, run.threshold);
