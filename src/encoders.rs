@@ -220,8 +220,8 @@ impl EncoderSpec {
         Ok(EncoderSpec {
             image,
             text,
-            image_model,
-            text_model,
+            image_model: image_model.map(absolute_if_local),
+            text_model: text_model.map(absolute_if_local),
             tower_dtype: TowerDtype::Auto,
         })
     }
@@ -430,6 +430,20 @@ impl TextTower {
     }
 }
 
+/// A model named by a relative path that exists here, made absolute: the
+/// run records it, and `score` must find it from any directory. Hub ids
+/// (and paths that do not exist, which fail later with their own message)
+/// stay as given.
+fn absolute_if_local(model: String) -> String {
+    let path = Path::new(&model);
+    if path.is_relative() && path.exists() {
+        if let Ok(abs) = std::path::absolute(path) {
+            return abs.display().to_string();
+        }
+    }
+    model
+}
+
 /// sha256 prefix of a file's content (weights are small enough to hash).
 fn file_sha256(path: &Path) -> Result<String> {
     let bytes =
@@ -474,6 +488,43 @@ mod tests {
         assert!(
             m.contains("--text-emb-col \"text_emb\"") && m.contains("not demo-bow"),
             "{m}"
+        );
+    }
+
+    #[test]
+    fn local_model_paths_are_recorded_absolute_and_hub_ids_as_given() {
+        let input = crate::engine::test_input(&[4]);
+        // Tests run in the package root, where Cargo.toml is a relative path
+        // that exists (resolve only records the path; nothing is loaded).
+        let spec = EncoderSpec::resolve(
+            &input,
+            Some(ImageEncoder::MobilenetV2),
+            Some(TextEncoder::Minilm),
+            Some("Cargo.toml".into()),
+            Some("no/such-model-dir".into()),
+        )
+        .unwrap();
+        let image = spec.image_model.unwrap();
+        assert!(Path::new(&image).is_absolute(), "{image}");
+        assert_eq!(
+            Path::new(&image),
+            std::env::current_dir().unwrap().join("Cargo.toml")
+        );
+        assert_eq!(spec.text_model.as_deref(), Some("no/such-model-dir"));
+        let clip = EncoderSpec::resolve(
+            &input,
+            Some(ImageEncoder::Clip),
+            Some(TextEncoder::Clip),
+            Some("openai/clip-vit-base-patch32".into()),
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            (clip.image_model.as_deref(), clip.text_model.as_deref()),
+            (
+                Some("openai/clip-vit-base-patch32"),
+                Some("openai/clip-vit-base-patch32")
+            )
         );
     }
 

@@ -296,10 +296,9 @@ impl<M: Method> Runner<M> {
         })?;
         let stat = M::statistic(&pass);
         let clean_prob = match stored {
-            Some(d) => d.clean_prob(stat),
-            None => {
-                Division::fit(stat, self.cfg.mixture, self.method.clean_side()).clean_prob(stat)
-            }
+            Some(d) => d.exported_clean_prob(stat),
+            None => Division::fit(stat, self.cfg.mixture, self.method.clean_side())
+                .exported_clean_prob(stat),
         };
         let mut scores = self.method.scores(pass, clean_prob, &self.cfg);
         // A pair the model cannot measure (NaN/inf statistic or similarity)
