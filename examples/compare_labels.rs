@@ -18,9 +18,12 @@ use std::path::{Path, PathBuf};
 
 use ncclean::data::{read_labels, LabelRow};
 
-fn max_abs(a: &[LabelRow], b: &[LabelRow], f: impl Fn(&LabelRow) -> Option<f32>) -> f64 {
-    a.iter()
-        .zip(b)
+/// Largest |f(x) − f(y)| over row pairs.
+fn max_abs<'a>(
+    pairs: impl Iterator<Item = (&'a LabelRow, &'a LabelRow)>,
+    f: impl Fn(&LabelRow) -> Option<f32>,
+) -> f64 {
+    pairs
         .map(|(x, y)| match (f(x), f(y)) {
             (Some(p), Some(q)) if p.is_nan() && q.is_nan() => 0.0,
             (Some(p), Some(q)) => (f64::from(p) - f64::from(q)).abs(),
@@ -67,15 +70,12 @@ fn main() {
             && a.iter()
                 .zip(&b)
                 .all(|(x, y)| x.key == y.key && x.status == y.status && x.is_clean == y.is_clean);
-        let dc = max_abs(&a, &b, |r| r.clean_prob);
-        let posterior_band = |r: &LabelRow| r.clean_prob.filter(|p| (1e-30..=0.999).contains(p));
-        let band: Vec<usize> = (0..a.len().min(b.len()))
-            .filter(|&i| posterior_band(&a[i]).is_some())
-            .collect();
-        let pick = |rows: &[LabelRow]| band.iter().map(|&i| rows[i].clone()).collect::<Vec<_>>();
-        let dc_band = max_abs(&pick(&a), &pick(&b), |r| r.clean_prob);
-        let ds = max_abs(&a, &b, |r| r.soft_label);
-        let dm = max_abs(&a, &b, |r| r.similarity);
+        let rows = || a.iter().zip(&b);
+        let in_band = |x: &LabelRow| x.clean_prob.is_some_and(|p| (1e-30..=0.999).contains(&p));
+        let dc = max_abs(rows(), |r| r.clean_prob);
+        let dc_band = max_abs(rows().filter(|(x, _)| in_band(x)), |r| r.clean_prob);
+        let ds = max_abs(rows(), |r| r.soft_label);
+        let dm = max_abs(rows(), |r| r.similarity);
         differs |= !same_rows || dc > 0.0 || ds > 0.0 || dm > 0.0;
         println!(
             "| {n} | {} | {dc:e} | {dc_band:e} | {ds:e} | {dm:e} | {} |",
