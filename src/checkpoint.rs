@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 use crate::data::ColumnMap;
 use crate::error::{invalid, pipeline_at, Result};
 use crate::hex::hex;
+use crate::small_file;
 use crate::temp;
 
 /// Version of the checkpoint layout; bumped on incompatible changes.
@@ -90,7 +91,7 @@ pub fn read_resume(dir: &Path) -> Result<Option<(CheckpointState, ResumeInfo)>> 
     if !p.is_file() {
         return Ok(None);
     }
-    let bytes = std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?;
+    let bytes = small_file::read(&p, small_file::RUN_FILE_LIMIT, "epoch checkpoint")?;
     let info: ResumeInfo = serde_json::from_slice(&bytes).map_err(|e| {
         invalid(format!(
             "{}: not a valid ncclean epoch checkpoint: {e}",
@@ -182,7 +183,7 @@ pub fn locate(path: &Path) -> Result<PathBuf> {
 /// Read the state of the checkpoint in `dir`.
 pub fn read_state(dir: &Path) -> Result<CheckpointState> {
     let p = dir.join("state.json");
-    let bytes = std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?;
+    let bytes = small_file::read(&p, small_file::RUN_FILE_LIMIT, "checkpoint state")?;
     let mut state: CheckpointState = serde_json::from_slice(&bytes).map_err(|e| {
         invalid(format!(
             "{}: not a valid ncclean checkpoint state: {e}",
@@ -243,7 +244,10 @@ pub fn sha256(dir: &Path) -> Result<String> {
                 .unwrap_or_default()
                 .as_bytes(),
         );
-        h.update(std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?);
+        // Streamed: weights are hashed without holding them.
+        std::fs::File::open(&p)
+            .and_then(|mut f| std::io::copy(&mut f, &mut h))
+            .with_context(|| format!("cannot read {}", p.display()))?;
     }
     Ok(hex(&h.finalize()))
 }

@@ -121,28 +121,37 @@ impl Default for DemoOptions {
 ///
 /// If `opts.image_size` is below [`MIN_IMAGE_SIZE`].
 pub fn generate(opts: &DemoOptions) -> Vec<DemoPair> {
+    pairs(opts).collect()
+}
+
+/// The pairs of [`generate`] one at a time, so that a large demo is written
+/// without holding it.
+///
+/// # Panics
+///
+/// If `opts.image_size` is below [`MIN_IMAGE_SIZE`].
+pub fn pairs(opts: &DemoOptions) -> impl Iterator<Item = DemoPair> {
     check_size(opts.image_size);
     // A labelled stream, so other consumers of the same seed stay independent.
     let mut rng = Rng::derive(opts.seed, "demo");
-    (0..opts.pairs)
-        .map(|i| {
-            let colour = COLOURS[rng.below(COLOURS.len())];
-            let shape = SHAPES[rng.below(SHAPES.len())];
-            let position = POSITIONS[rng.below(POSITIONS.len())];
-            let size = SIZES[rng.below(SIZES.len())];
-            let template = rng.below(TEMPLATES);
-            let picture = draw(colour, shape, position, size, opts.image_size, &mut rng);
-            DemoPair {
-                key: format!("demo-{i:06}"),
-                image: encode_png(&picture),
-                caption: caption(template, colour, shape, position, size),
-                colour,
-                shape,
-                position,
-                size,
-            }
-        })
-        .collect()
+    let image_size = opts.image_size;
+    (0..opts.pairs).map(move |i| {
+        let colour = COLOURS[rng.below(COLOURS.len())];
+        let shape = SHAPES[rng.below(SHAPES.len())];
+        let position = POSITIONS[rng.below(POSITIONS.len())];
+        let size = SIZES[rng.below(SIZES.len())];
+        let template = rng.below(TEMPLATES);
+        let picture = draw(colour, shape, position, size, image_size, &mut rng);
+        DemoPair {
+            key: format!("demo-{i:06}"),
+            image: encode_png(&picture),
+            caption: caption(template, colour, shape, position, size),
+            colour,
+            shape,
+            position,
+            size,
+        }
+    })
 }
 
 /// One pair of the embedding demo: the attributes of [`DemoPair`], the

@@ -444,11 +444,12 @@ fn absolute_if_local(model: String) -> String {
     model
 }
 
-/// sha256 prefix of a file's content (weights are small enough to hash).
+/// sha256 prefix of a file's content, streamed (CLIP's weights are 600 MB).
 fn file_sha256(path: &Path) -> Result<String> {
-    let bytes =
-        std::fs::read(path).map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
-    Ok(crate::hex::sha256_hex(&bytes)[..16].to_string())
+    let hash = std::fs::File::open(path)
+        .and_then(crate::hex::sha256_hex_of)
+        .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
+    Ok(hash[..16].to_string())
 }
 
 #[cfg(test)]

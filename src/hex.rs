@@ -16,9 +16,31 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
+/// Lower-case hex of the SHA-256 of everything `r` yields, read a MiB at a
+/// time (model weights and shards are hashed without holding them).
+pub fn sha256_hex_of(mut r: impl std::io::Read) -> std::io::Result<String> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => return Ok(hex(&h.finalize())),
+            Ok(n) => h.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streamed_sha256_equals_the_one_of_the_whole() {
+        let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        assert_eq!(sha256_hex_of(&bytes[..]).unwrap(), sha256_hex(&bytes));
+        assert_eq!(sha256_hex_of(&b"abc"[..]).unwrap(), sha256_hex(b"abc"));
+    }
 
     #[test]
     fn hex_pads_every_byte_to_two_digits() {

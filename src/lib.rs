@@ -28,6 +28,7 @@ pub mod rundir;
 pub mod sample;
 pub mod shards;
 pub mod signal;
+pub mod small_file;
 pub mod temp;
 pub mod threads;
 pub mod threshold;

@@ -29,7 +29,6 @@
 //! the run, in `P/.NAME.resume/`, replaced atomically after every epoch and
 //! removed once the new run is committed.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -145,10 +144,14 @@ pub fn check_not_an_input(out: &Path, files: &[PathBuf], flag: &str) -> Result<(
 
 /// Whether `dir` holds an ncclean run (its `run.json` names a version).
 pub fn is_run(dir: &Path) -> bool {
-    std::fs::read(dir.join("run.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .is_some_and(|v| v.get("ncclean_version").is_some())
+    crate::small_file::read(
+        &dir.join("run.json"),
+        crate::small_file::RUN_FILE_LIMIT,
+        "run record",
+    )
+    .ok()
+    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+    .is_some_and(|v| v.get("ncclean_version").is_some())
 }
 
 /// `p` made absolute against the current directory, `.` and `..` removed
@@ -265,27 +268,10 @@ fn check_existing(out: &Path, force: bool) -> Result<()> {
     }
 }
 
-/// Largest `run.json` or `stats.json` read: both are a few kilobytes (the
-/// per-epoch statistics grow by a line an epoch), so anything near this is
-/// not an ncclean file.
-const MAX_JSON_BYTES: u64 = 16 << 20;
-
-/// Parse a JSON file of at most `MAX_JSON_BYTES` (16 MiB): how `report` and
-/// `score` (without DATA) read run.json and stats.json.
+/// Parse a run file's JSON, of at most [`crate::small_file::RUN_FILE_LIMIT`]:
+/// how `report` and `score` (without DATA) read run.json and stats.json.
 pub fn read_json(path: &Path) -> Result<serde_json::Value> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| crate::Error::Other(anyhow::anyhow!("cannot open {}: {e}", path.display())))?;
-    let mut bytes = Vec::new();
-    file.take(MAX_JSON_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| crate::Error::Other(anyhow::anyhow!("cannot read {}: {e}", path.display())))?;
-    if bytes.len() as u64 > MAX_JSON_BYTES {
-        return Err(invalid(format!(
-            "{}: over {} MiB, too large for an ncclean run file",
-            path.display(),
-            MAX_JSON_BYTES >> 20
-        )));
-    }
+    let bytes = crate::small_file::read(path, crate::small_file::RUN_FILE_LIMIT, "run file")?;
     serde_json::from_slice(&bytes).map_err(|e| {
         invalid(format!(
             "{}: not valid JSON ({e}); was the run written by ncclean?",

@@ -600,7 +600,8 @@ impl Record {
         if !p.is_file() {
             return Ok(None);
         }
-        let bytes = std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?;
+        let bytes =
+            crate::small_file::read(&p, crate::small_file::RUN_FILE_LIMIT, "threshold record")?;
         let r: Record = serde_json::from_slice(&bytes).map_err(|e| {
             invalid(format!(
                 "{}: not a valid ncclean threshold record ({e}); run `ncclean fit` again",

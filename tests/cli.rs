@@ -653,6 +653,28 @@ fn usage_errors_exit_2() {
     assert_snapshot("unknown_subcommand", &ncclean(&["frobnicate"]), tmp.path());
     let huge = ncclean(&["demo", "--out", p(tmp.path()), "--image-size", "100000"]);
     assert_snapshot("demo_image_size_too_large", &huge, tmp.path());
+    // The demo's other sizes are bounded too: a billion-float embedding or
+    // a million files used to run until memory or the disk gave out.
+    let wide = ncclean(&[
+        "demo",
+        "--out",
+        p(tmp.path()),
+        "--embedding-dim",
+        "1000000000",
+    ]);
+    assert_snapshot("demo_embedding_dim_too_large", &wide, tmp.path());
+    let many = ncclean(&[
+        "demo",
+        "--out",
+        p(tmp.path()),
+        "--embedding-dim",
+        "4",
+        "--pairs",
+        "1000000",
+        "--shards",
+        "1000000",
+    ]);
+    assert_snapshot("demo_shards_too_many", &many, tmp.path());
     // A directory without a checkpoint: say so, and what to pass instead.
     let empty_run = tmp.path().join("not-a-run");
     std::fs::create_dir_all(&empty_run).unwrap();
@@ -665,6 +687,37 @@ fn usage_errors_exit_2() {
         p(&tmp.path().join("s.parquet")),
     ]);
     assert_snapshot("score_without_checkpoint", &out, tmp.path());
+}
+
+/// `--epochs` below a preset's warm-up (vanilla warms up 3 of 10) and no
+/// `--warmup-epochs`: the warm-up keeps its share of the run, and the run
+/// says so, where it used to be refused. A warm-up the user gave is kept
+/// (and refused when too long: `fit_warmup_longer_than_training`).
+#[test]
+fn a_short_run_shortens_the_presets_warmup_and_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 40);
+    let run = tmp.path().join("r");
+    let out = ncclean(&[
+        "fit",
+        p(&data),
+        "--out-dir",
+        p(&run),
+        "--method",
+        "vanilla",
+        "--epochs",
+        "2",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warm-up: 1 of the 2 epochs (the vanilla preset warms up 3 of 10; --warmup-epochs sets it)"),
+        "{err}"
+    );
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap()).unwrap();
+    assert_eq!(state["config"]["warmup_epochs"], 1, "{state}");
+    assert_eq!(state["config"]["epochs"], 2, "{state}");
 }
 
 /// `--device auto` is the default: the run says on stderr which device it
@@ -720,6 +773,17 @@ fn bad_values_are_refused_up_front_and_divergence_stops_cleanly() {
     };
     assert_snapshot("fit_lr_nan", &fit(&["--lr", "NaN"]), tmp.path());
     assert_snapshot("fit_epochs_zero", &fit(&["--epochs", "0"]), tmp.path());
+    // Sizes are bounded above too: a huge one used to abort on allocation.
+    assert_snapshot(
+        "fit_epochs_too_many",
+        &fit(&["--epochs", "100000000000"]),
+        tmp.path(),
+    );
+    assert_snapshot(
+        "fit_hidden_too_wide",
+        &fit(&["--set", "hidden=1000000000"]),
+        tmp.path(),
+    );
     assert_snapshot(
         "fit_warmup_longer_than_training",
         &fit(&["--epochs", "2", "--warmup-epochs", "3"]),
@@ -786,6 +850,74 @@ fn a_bad_method_configuration_exits_2_from_fit_and_from_score() {
         p(&tmp.path().join("s.parquet")),
     ]);
     assert_snapshot("score_checkpoint_config_rejected", &out, tmp.path());
+    // The shared keys' ranges and the model's sizes are checked as well: an
+    // edited state asking for a huge head used to abort on allocation.
+    state["method"] = "vanilla".into();
+    state["config"]["hidden"] = 1_000_000_000u64.into();
+    std::fs::write(&state_path, serde_json::to_vec(&state).unwrap()).unwrap();
+    let score = || {
+        ncclean(&[
+            "score",
+            p(&data),
+            "--checkpoint",
+            p(&run),
+            "--out",
+            p(&tmp.path().join("s.parquet")),
+        ])
+    };
+    assert_snapshot("score_checkpoint_hidden_too_wide", &score(), tmp.path());
+    state["config"]["hidden"] = 8u64.into();
+    state["model"]["hidden"] = 1_000_000_000u64.into();
+    std::fs::write(&state_path, serde_json::to_vec(&state).unwrap()).unwrap();
+    assert_snapshot("score_checkpoint_model_too_wide", &score(), tmp.path());
+    assert!(!tmp.path().join("s.parquet").exists());
+}
+
+/// `filter` and `corrupt` refuse to write over a file they read: the atomic
+/// write would have replaced the data (or the labels) with its filtered or
+/// corrupted copy.
+#[test]
+fn filter_and_corrupt_refuse_an_output_that_is_an_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 60);
+    let run = tmp.path().join("r");
+    assert_eq!(quick_fit(&data, &run, &[]).status.code(), Some(0));
+    let labels = run.join("labels.parquet");
+    let before = (
+        std::fs::read(&data).unwrap(),
+        std::fs::read(&labels).unwrap(),
+    );
+    let filter = |out: &Path, extra: &[&str]| {
+        let mut args = vec!["filter", p(&data), "--labels", p(&labels), "--out", p(out)];
+        args.extend_from_slice(extra);
+        ncclean(&args)
+    };
+    for (out, flag) in [
+        (filter(&data, &[]), "--out"),
+        (filter(&labels, &[]), "--out"),
+        (
+            filter(&tmp.path().join("f.parquet"), &["--uids-out", p(&data)]),
+            "--uids-out",
+        ),
+        (
+            ncclean(&["corrupt", p(&data), "--rate", "0.5", "--out", p(&data)]),
+            "--out",
+        ),
+    ] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(&format!("{flag} ")) && err.contains("is one of the input files"),
+            "{err}"
+        );
+    }
+    assert_eq!(std::fs::read(&data).unwrap(), before.0, "data untouched");
+    assert_eq!(
+        std::fs::read(&labels).unwrap(),
+        before.1,
+        "labels untouched"
+    );
+    assert!(!tmp.path().join("f.parquet").exists());
 }
 
 #[test]

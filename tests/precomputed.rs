@@ -379,3 +379,40 @@ fn inspect_shows_the_text_embedding_column() {
         "{text}"
     );
 }
+
+/// An embedding column of empty lists (or of absurdly wide ones) is refused
+/// when the columns are detected, naming the column, before anything is
+/// trained: a head of width 0 failed mid-training with "empty tensor for
+/// reduce", one of a million columns would abort on allocation.
+#[test]
+fn embeddings_of_no_values_or_too_many_are_refused_up_front() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, dim, want) in [
+        ("empty.parquet", 0, "holds empty lists (0 values per row)"),
+        (
+            "wide.parquet",
+            65_537,
+            "holds 65537 values per row, more than the 65536",
+        ),
+    ] {
+        let rows: Vec<Option<Vec<f32>>> = (0..4).map(|i| Some(vec![i as f32; dim])).collect();
+        let texts: Vec<Option<Vec<f32>>> = (0..4).map(|i| Some(vec![i as f32; 3])).collect();
+        let path = tmp.path().join(name);
+        write_parquet(
+            &path,
+            vec![
+                ("img_emb", list(&rows)),
+                ("text_emb", list(&texts)),
+                (
+                    "caption",
+                    Arc::new(StringArray::from(vec!["a", "b", "c", "d"])) as ArrayRef,
+                ),
+            ],
+        );
+        let out = fit(&path, &tmp.path().join("run"), &[]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(3), "{err}");
+        assert!(err.contains(want) && err.contains("\"img_emb\""), "{err}");
+        assert!(!tmp.path().join("run").exists());
+    }
+}

@@ -106,6 +106,53 @@ pub struct LocalOptions {
     pub unit_inputs: bool,
 }
 
+impl ModelConfig {
+    /// Check every size against what a head can be built from: each width
+    /// at least 1 and at most 65,536 (a vocabulary at most 2²²; a demo
+    /// image 8 to 1,024 pixels, its CNN at most 512 channels wide). Sizes
+    /// come from the data at `fit`, but `score` reads them from a
+    /// checkpoint's `state.json`, which could hold anything: a head built
+    /// from a huge width would abort on allocation instead of failing.
+    pub fn check_sizes(&self) -> std::result::Result<(), String> {
+        const WIDTH: usize = 65_536;
+        let mut sizes = vec![
+            ("joint_dim", self.joint_dim, WIDTH),
+            ("hidden", self.hidden, WIDTH),
+        ];
+        match &self.image {
+            ImageTowerConfig::DemoCnn { image_size, width } => {
+                sizes.push(("image.width", *width, 512));
+                if !(8..=1024).contains(image_size) {
+                    return Err(format!(
+                        "image.image_size = {image_size}: expected 8 to 1024"
+                    ));
+                }
+            }
+            ImageTowerConfig::Precomputed { dim, local_dim } => {
+                sizes.push(("image.dim", *dim, WIDTH));
+                sizes.extend(local_dim.map(|d| ("image.local_dim", d, WIDTH)));
+            }
+        }
+        match &self.text {
+            TextTowerConfig::DemoBow { vocab_size, dim } => {
+                sizes.push(("text.vocab_size", *vocab_size, 1 << 22));
+                sizes.push(("text.dim", *dim, WIDTH));
+            }
+            TextTowerConfig::Precomputed { dim, local_dim } => {
+                sizes.push(("text.dim", *dim, WIDTH));
+                sizes.extend(local_dim.map(|d| ("text.local_dim", d, WIDTH)));
+            }
+        }
+        match sizes
+            .into_iter()
+            .find(|(_, v, max)| !(1..=*max).contains(v))
+        {
+            Some((key, v, max)) => Err(format!("{key} = {v}: expected 1 to {max}")),
+            None => Ok(()),
+        }
+    }
+}
+
 impl LocalOptions {
     /// The head for `pooling`, with local heads when a method needs them
     /// anyway or the pooling works on local features.
@@ -530,6 +577,54 @@ mod tests {
     use crate::inputs::{ImageInputs, LocalFeatures, TextInputs};
     use candle_core::Device;
     use half::f16;
+
+    #[test]
+    fn sizes_are_checked_on_both_towers_and_the_head() {
+        assert_eq!(demo_config().check_sizes(), Ok(()));
+        let emb = |dim, local_dim| ModelConfig {
+            image: ImageTowerConfig::Precomputed { dim, local_dim },
+            text: TextTowerConfig::Precomputed {
+                dim: 4,
+                local_dim: None,
+            },
+            ..demo_config()
+        };
+        assert_eq!(emb(65_536, Some(1)).check_sizes(), Ok(()));
+        for (config, want) in [
+            (emb(65_537, None), "image.dim = 65537: expected 1 to 65536"),
+            (emb(8, Some(0)), "image.local_dim = 0: expected 1 to 65536"),
+            (
+                ModelConfig {
+                    hidden: 0,
+                    ..demo_config()
+                },
+                "hidden = 0",
+            ),
+            (
+                ModelConfig {
+                    image: ImageTowerConfig::DemoCnn {
+                        image_size: 4,
+                        width: 4,
+                    },
+                    ..demo_config()
+                },
+                "image.image_size = 4: expected 8 to 1024",
+            ),
+            (
+                ModelConfig {
+                    text: TextTowerConfig::DemoBow {
+                        vocab_size: 1 << 23,
+                        dim: 4,
+                    },
+                    ..demo_config()
+                },
+                "text.vocab_size = 8388608: expected 1 to 4194304",
+            ),
+        ] {
+            let e = config.check_sizes().unwrap_err();
+            assert!(e.starts_with(want), "{e}");
+        }
+    }
 
     fn demo_config() -> ModelConfig {
         ModelConfig {

@@ -62,6 +62,18 @@ pub struct TrainConfig {
     pub params: toml::Table,
 }
 
+/// Most epochs a run may ask for: far beyond any paper's schedule (GSC's 60,
+/// CRCL's 45), low enough that per-epoch bookkeeping stays small.
+pub const MAX_EPOCHS: usize = 10_000;
+
+/// Largest batch: its similarity matrix and gradients hold a few
+/// batch_size² floats (16,384² is 1 GiB each).
+pub const MAX_BATCH: usize = 16_384;
+
+/// Widest head layer (`joint_dim`, `hidden`, `word_dim`): the heads' weights
+/// and Adam's moments grow with its square.
+pub const MAX_WIDTH: usize = 16_384;
+
 impl TrainConfig {
     /// Check every shared key's range before any input is read; the error
     /// names the key, the value and what is allowed. Method parameters are
@@ -73,6 +85,9 @@ impl TrainConfig {
         if self.epochs == 0 {
             return bad("epochs", &self.epochs, "train at least 1 epoch");
         }
+        if self.epochs > MAX_EPOCHS {
+            return bad("epochs", &self.epochs, &format!("at most {MAX_EPOCHS}"));
+        }
         if self.warmup_epochs > self.epochs {
             return bad(
                 "warmup_epochs",
@@ -83,11 +98,11 @@ impl TrainConfig {
                 ),
             );
         }
-        if self.batch_size < 2 {
+        if !(2..=MAX_BATCH).contains(&self.batch_size) {
             return bad(
                 "batch_size",
                 &self.batch_size,
-                "at least 2 (in-batch negatives)",
+                &format!("2 (in-batch negatives) to {MAX_BATCH} (a batch's similarity matrix is batch_size² floats)"),
             );
         }
         let positive = [("lr", self.lr), ("lr_decay", self.lr_decay)];
@@ -109,15 +124,15 @@ impl TrainConfig {
             return bad("threshold", &self.threshold, "in [0, 1]");
         }
         let widths = [
-            ("division_shuffles", self.division_shuffles),
-            ("joint_dim", self.joint_dim),
-            ("hidden", self.hidden),
-            ("cnn_width", self.cnn_width),
-            ("word_dim", self.word_dim),
+            ("division_shuffles", self.division_shuffles, 100),
+            ("joint_dim", self.joint_dim, MAX_WIDTH),
+            ("hidden", self.hidden, MAX_WIDTH),
+            ("cnn_width", self.cnn_width, 512),
+            ("word_dim", self.word_dim, MAX_WIDTH),
         ];
-        for (key, v) in widths {
-            if v == 0 {
-                return bad(key, &v, "at least 1");
+        for (key, v, max) in widths {
+            if !(1..=max).contains(&v) {
+                return bad(key, &v, &format!("1 to {max}"));
             }
         }
         if self.image_size < 8 || self.image_size > 1024 {
@@ -157,10 +172,27 @@ pub fn resolve(
     user: Option<&str>,
     overrides: &toml::Table,
 ) -> Result<TrainConfig, String> {
+    resolve_with_notes(method, user, overrides).map(|(cfg, _)| cfg)
+}
+
+/// [`resolve`], with a note for each value it derived rather than took:
+/// a preset's warm-up longer than the `epochs` the user asked for (and no
+/// warm-up given) is shortened to the same share of the run, where it used
+/// to be refused (`--method esc --epochs 5` against ESC's 10 warm-up epochs).
+pub fn resolve_with_notes(
+    method: &str,
+    user: Option<&str>,
+    overrides: &toml::Table,
+) -> Result<(TrainConfig, Vec<String>), String> {
     let preset = registry::find(method).map_err(|e| e.to_string())?.preset;
     let mut table: toml::Table = preset
         .parse()
         .map_err(|e| format!("built-in preset for {method} is invalid: {e}"))?;
+    let preset_schedule = (
+        table.get("warmup_epochs").and_then(toml::Value::as_integer),
+        table.get("epochs").and_then(toml::Value::as_integer),
+    );
+    let mut warmup_given = overrides.contains_key("warmup_epochs");
     if let Some(u) = user {
         let t: toml::Table = u
             .parse()
@@ -174,12 +206,35 @@ pub fn resolve(
                 .filter(|(k, _)| registry::find(k).is_err())
                 .collect(),
         };
+        warmup_given |= t.contains_key("warmup_epochs");
         merge(&mut table, &t);
     }
     merge(&mut table, overrides);
-    toml::Value::Table(table)
+    let mut cfg: TrainConfig = toml::Value::Table(table)
         .try_into()
-        .map_err(|e: toml::de::Error| format!("invalid configuration: {e}"))
+        .map_err(|e: toml::de::Error| format!("invalid configuration: {e}"))?;
+    let mut notes = Vec::new();
+    if let (false, (Some(w), Some(e))) = (warmup_given, preset_schedule) {
+        let (w, e) = (w.max(0) as usize, e.max(1) as usize);
+        if w > cfg.epochs {
+            cfg.warmup_epochs = shortened_warmup(w, e, cfg.epochs);
+            notes.push(format!(
+                "warm-up: {} of the {} epochs (the {method} preset warms up {w} of {e}; \
+                 --warmup-epochs sets it)",
+                cfg.warmup_epochs, cfg.epochs
+            ));
+        }
+    }
+    Ok((cfg, notes))
+}
+
+/// A preset's warm-up of `warmup` of `epochs` epochs, fitted to a run of
+/// `run` epochs: the same share, rounded, but at least one warm-up epoch
+/// (the division needs a model trained on something) and at least one
+/// epoch after it when the run has two (or it would never divide).
+fn shortened_warmup(warmup: usize, epochs: usize, run: usize) -> usize {
+    let share = (run as f64 * warmup as f64 / epochs as f64).round() as usize;
+    share.clamp(1, run.saturating_sub(1).max(1))
 }
 
 /// Merge `over` into `base`; nested tables merge key by key, so a file can
@@ -259,6 +314,45 @@ mod tests {
     }
 
     #[test]
+    fn a_preset_warmup_longer_than_the_run_keeps_its_share() {
+        let epochs = |n: i64| toml::Table::from_iter([("epochs".to_string(), n.into())]);
+        // ESC's preset warms up 10 of 50 epochs: a 5-epoch run warms up 1.
+        let (c, notes) = resolve_with_notes("esc", None, &epochs(5)).unwrap();
+        assert_eq!((c.epochs, c.warmup_epochs), (5, 1));
+        assert_eq!(
+            notes,
+            [
+                "warm-up: 1 of the 5 epochs (the esc preset warms up 10 of 50; \
+              --warmup-epochs sets it)"
+            ]
+        );
+        // Vanilla's 3 of 10: 2 epochs keep one after the warm-up, 1 is all warm-up.
+        assert_eq!(
+            resolve("vanilla", None, &epochs(2)).unwrap().warmup_epochs,
+            1
+        );
+        assert_eq!(
+            resolve("vanilla", None, &epochs(1)).unwrap().warmup_epochs,
+            1
+        );
+        // A run at least as long as the preset's warm-up keeps it as it is.
+        let (c, notes) = resolve_with_notes("vanilla", None, &epochs(3)).unwrap();
+        assert_eq!((c.warmup_epochs, notes.len()), (3, 0));
+        // A warm-up the user gave (flag or file) is never changed: too long,
+        // it is refused by validate as before.
+        let mut flags = epochs(2);
+        flags.insert("warmup_epochs".into(), 3.into());
+        assert_eq!(resolve("vanilla", None, &flags).unwrap().warmup_epochs, 3);
+        let file = "warmup_epochs = 4\n";
+        let c = resolve("vanilla", Some(file), &epochs(2)).unwrap();
+        assert_eq!(c.warmup_epochs, 4);
+        assert!(c.validate().is_err());
+        assert_eq!(shortened_warmup(10, 50, 30), 6);
+        assert_eq!(shortened_warmup(5, 40, 4), 1);
+        assert_eq!(shortened_warmup(9, 10, 8), 7);
+    }
+
+    #[test]
     fn nested_params_merge_and_sets_parse() {
         let mut base: toml::Table = "a = 1\n[params]\nx = 1\ny = 2\n".parse().unwrap();
         let over = parse_sets(&["params.y=3".into(), "a=0.5".into(), "name=gmm".into()]).unwrap();
@@ -325,7 +419,7 @@ mod tests {
             assert_eq!(c.validate(), Ok(()), "{m}");
         }
         let base = resolve("vanilla", None, &toml::Table::new()).unwrap();
-        let cases: [(&str, TrainConfig); 7] = [
+        let cases: [(&str, TrainConfig); 12] = [
             (
                 "epochs = 0",
                 TrainConfig {
@@ -358,6 +452,41 @@ mod tests {
                 "joint_dim = 0",
                 TrainConfig {
                     joint_dim: 0,
+                    ..base.clone()
+                },
+            ),
+            (
+                "epochs = 10001",
+                TrainConfig {
+                    epochs: MAX_EPOCHS + 1,
+                    ..base.clone()
+                },
+            ),
+            (
+                "batch_size = 16385",
+                TrainConfig {
+                    batch_size: MAX_BATCH + 1,
+                    ..base.clone()
+                },
+            ),
+            (
+                "hidden = 1000000000",
+                TrainConfig {
+                    hidden: 1_000_000_000,
+                    ..base.clone()
+                },
+            ),
+            (
+                "cnn_width = 513",
+                TrainConfig {
+                    cnn_width: 513,
+                    ..base.clone()
+                },
+            ),
+            (
+                "division_shuffles = 101",
+                TrainConfig {
+                    division_shuffles: 101,
                     ..base.clone()
                 },
             ),

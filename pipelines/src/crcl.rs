@@ -73,7 +73,7 @@ use ncclean_models::ModelConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::batch_stats;
-use crate::config::TrainConfig;
+use crate::config::{TrainConfig, MAX_EPOCHS};
 use crate::division::CleanSide;
 use crate::error::{Error, Result};
 use crate::losses::{diagonal, match_log_diagonals, match_prob};
@@ -116,6 +116,19 @@ impl CrclParams {
             return Err(Error::Config(
                 "params.pieces must list at least one piece".into(),
             ));
+        }
+        // Bounded first so that the sums below cannot overflow: together
+        // they must equal `epochs`, itself at most MAX_EPOCHS.
+        if self.freeze_epochs > MAX_EPOCHS || self.pieces.iter().any(|&e| e > MAX_EPOCHS) {
+            return Err(Error::Config(format!(
+                "params.pieces and params.freeze_epochs must each be at most {MAX_EPOCHS} epochs"
+            )));
+        }
+        if self.pieces.len() > MAX_EPOCHS {
+            return Err(Error::Config(format!(
+                "params.pieces lists {} pieces; at most {MAX_EPOCHS}",
+                self.pieces.len()
+            )));
         }
         if self.pieces.iter().any(|&e| e + self.freeze_epochs == 0) {
             return Err(Error::Config(
@@ -600,6 +613,20 @@ mod tests {
         }
         .validate()
         .is_err());
+        // Sums that would overflow usize are refused before they are taken.
+        for huge in [
+            CrclParams {
+                pieces: vec![usize::MAX, 1],
+                ..p.clone()
+            },
+            CrclParams {
+                freeze_epochs: usize::MAX,
+                ..p.clone()
+            },
+        ] {
+            let e = huge.validate().unwrap_err().to_string();
+            assert!(e.contains("at most 10000"), "{e}");
+        }
         assert!(CrclParams { beta: 1.5, ..p }.validate().is_err());
     }
 

@@ -51,6 +51,8 @@ pub fn run(a: CorruptArgs, rep: &Reporter) -> Result<()> {
         )));
     }
     let input = a.data.open()?;
+    let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
+    crate::rundir::check_not_an_input(&a.out, &files, "--out")?;
     let noise = Noise {
         rate: a.rate,
         seed: a.seed,

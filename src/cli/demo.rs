@@ -10,7 +10,7 @@ use arrow_schema::{DataType, Field, Schema};
 use clap::Args;
 
 use crate::data::AtomicParquetWriter;
-use crate::demo::{generate, DemoOptions, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE};
+use crate::demo::{DemoOptions, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE};
 use crate::error::{Error, Result};
 use crate::progress::Reporter;
 
@@ -42,6 +42,9 @@ pub struct DemoArgs {
 
 const ROW_GROUP: usize = 1024;
 
+/// Most files one demo may be split into.
+const MAX_SHARDS: usize = 100_000;
+
 pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
     if !(MIN_IMAGE_SIZE..=MAX_IMAGE_SIZE).contains(&a.image_size) {
         return Err(Error::Usage(format!(
@@ -58,8 +61,18 @@ pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
             a.pairs, a.shards
         )));
     }
-    if a.embedding_dim == Some(0) {
-        return Err(Error::Usage("--embedding-dim must be at least 1".into()));
+    if a.shards > MAX_SHARDS {
+        return Err(Error::Usage(format!(
+            "--shards must be at most {MAX_SHARDS} (one file each), got {}",
+            a.shards
+        )));
+    }
+    let widest = crate::data::MAX_EMBEDDING_DIM;
+    if let Some(d) = a.embedding_dim.filter(|d| !(1..=widest).contains(d)) {
+        return Err(Error::Usage(format!(
+            "--embedding-dim must be between 1 and {widest} (the widest embedding \
+             ncclean reads), got {d}"
+        )));
     }
     std::fs::create_dir_all(&a.out)
         .with_context(|| format!("cannot create {}", a.out.display()))?;
@@ -72,7 +85,9 @@ pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
         ));
     }
     let path = a.out.join("demo.parquet");
-    let pairs = generate(&DemoOptions {
+    // Drawn and written a row group at a time: memory does not grow with
+    // --pairs.
+    let mut pairs = crate::demo::pairs(&DemoOptions {
         pairs: a.pairs,
         seed: a.seed,
         image_size: a.image_size,
@@ -80,7 +95,12 @@ pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
     let schema = demo_schema(Field::new("image", DataType::Binary, false));
     let meta = demo_metadata(&a);
     let mut w = AtomicParquetWriter::create(&path, schema.clone(), &meta)?;
-    for chunk in pairs.chunks(ROW_GROUP) {
+    loop {
+        crate::interrupt::check()?;
+        let chunk: Vec<_> = pairs.by_ref().take(ROW_GROUP).collect();
+        if chunk.is_empty() {
+            break;
+        }
         let col = |f: &dyn Fn(&crate::demo::DemoPair) -> &str| -> ArrayRef {
             Arc::new(StringArray::from_iter_values(chunk.iter().map(f)))
         };
@@ -161,10 +181,11 @@ fn write_embedding_shards(a: &DemoArgs, dim: usize, rep: &Reporter) -> Result<()
         };
         let mut w = AtomicParquetWriter::create(&path, schema.clone(), &meta)?;
         let range = shard_range(a.pairs, a.shards, k);
-        let rows: Vec<usize> = range.collect();
-        for chunk in rows.chunks(ROW_GROUP) {
+        for start in range.clone().step_by(ROW_GROUP) {
             crate::interrupt::check()?;
-            let pairs: Vec<_> = chunk.iter().map(|&i| gen.pair(i)).collect();
+            let pairs: Vec<_> = (start..range.end.min(start + ROW_GROUP))
+                .map(|i| gen.pair(i))
+                .collect();
             let col = |f: &dyn Fn(&crate::demo::EmbeddingPair) -> &str| -> ArrayRef {
                 Arc::new(StringArray::from_iter_values(pairs.iter().map(f)))
             };

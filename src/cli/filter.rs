@@ -276,6 +276,14 @@ fn write_uids(
 fn run_one(a: &FilterArgs, out: &Path, rep: &Reporter) -> Result<()> {
     a.shards.check_unused()?;
     let input = a.data.open()?;
+    // Written atomically, an output on an input would replace the data (or
+    // the labels) with the filtered subset: nothing to filter again from.
+    let mut read: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
+    read.push(a.labels.clone());
+    crate::rundir::check_not_an_input(out, &read, "--out")?;
+    if let Some(path) = &a.uids_out {
+        crate::rundir::check_not_an_input(path, &read, "--uids-out")?;
+    }
     let format = data::OutputFormat::choose(&input, out, a.format);
     check_all_rows(a, format, out)?;
     let (labels, labels_meta) = data::read_labels(&a.labels)?;
@@ -303,22 +311,10 @@ fn run_one(a: &FilterArgs, out: &Path, rep: &Reporter) -> Result<()> {
 
 /// sha256 of a file's bytes, read a MiB at a time.
 fn file_sha256(path: &Path) -> Result<String> {
-    use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)
+    let f = std::fs::File::open(path)
         .map_err(|e| Error::InvalidInput(format!("{}: cannot open it ({e})", path.display())))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(crate::hex::hex(&h.finalize()))
+    Ok(crate::hex::sha256_hex_of(f)
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?)
 }
 
 /// `--out-dir`: one filtered shard and marker per input shard. `--labels`

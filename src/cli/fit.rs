@@ -112,7 +112,12 @@ fn overrides(a: &FitArgs) -> Result<toml::Table> {
     let mut t = ncclean_pipelines::config::parse_sets(&a.sets).map_err(Error::Usage)?;
     let mut int = |k: &str, v: Option<usize>| {
         if let Some(v) = v {
-            t.insert(k.into(), toml::Value::Integer(v as i64));
+            // Saturated: a count past i64 is refused by validate as out of
+            // range, naming the key (a wrapped -1 was not).
+            t.insert(
+                k.into(),
+                toml::Value::Integer(i64::try_from(v).unwrap_or(i64::MAX)),
+            );
         }
     };
     int("epochs", a.epochs);
@@ -131,20 +136,25 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     let rule = a.threshold.rule()?;
     let chosen = crate::device::choose(&a.device)?;
     let user = match &a.config {
-        Some(p) => Some(
-            std::fs::read_to_string(p)
-                .map_err(|e| invalid(format!("cannot read config file {}: {e}", p.display())))?,
-        ),
+        Some(p) => Some(crate::small_file::read_text(
+            p,
+            crate::small_file::CONFIG_LIMIT,
+            "config file",
+        )?),
         None => None,
     };
-    let config = ncclean_pipelines::config::resolve(&a.method, user.as_deref(), &overrides(&a)?)
-        .map_err(|e| match &a.config {
-            Some(p) => invalid(format!("{}: {e}", p.display())),
-            None => Error::Usage(e),
-        })?;
+    let (config, notes) =
+        ncclean_pipelines::config::resolve_with_notes(&a.method, user.as_deref(), &overrides(&a)?)
+            .map_err(|e| match &a.config {
+                Some(p) => invalid(format!("{}: {e}", p.display())),
+                None => Error::Usage(e),
+            })?;
     // Every key's range and the method's own parameters, before any input
     // is read (exit 2 naming the key, the value and the allowed range).
     ncclean_pipelines::registry::validate(&a.method, &config)?;
+    for note in &notes {
+        rep.info(note);
+    }
     if a.sample.is_some_and(|n| n < 2) {
         return Err(Error::Usage(
             "--sample must be at least 2 (the number of rows to train on)".into(),

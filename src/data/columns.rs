@@ -400,9 +400,30 @@ fn detect_key(schema: &Schema) -> Option<&Field> {
     detect(schema, KEY_NAMES, |dt| Role::Key.accepts(dt))
 }
 
-fn none_found(file: &Path, schema: &Schema, role: Role, looked_for: &str) -> crate::Error {
+/// No column for `role`; `names` are the names detection tried, so that a
+/// column with one of them but another type (a `caption` of integers) is
+/// named with its type rather than left for the user to spot.
+fn none_found(
+    file: &Path,
+    schema: &Schema,
+    role: Role,
+    looked_for: &str,
+    names: &[&str],
+) -> crate::Error {
+    let mistyped = names
+        .iter()
+        .find_map(|n| find(schema, n))
+        .map(|f| {
+            format!(
+                " Column \"{}\" has type {}, expected {}.",
+                f.name(),
+                f.data_type(),
+                role.expected()
+            )
+        })
+        .unwrap_or_default();
     invalid(format!(
-        "{}: no {} column found (looked for {looked_for}); columns are: {}. Use {} to name the {} column.",
+        "{}: no {} column found (looked for {looked_for}); columns are: {}.{mistyped} Use {} to name the {} column.",
         file.display(),
         role.name(),
         column_list(schema),
@@ -434,6 +455,7 @@ pub fn resolve_columns(file: &Path, schema: &Schema, opts: &ColumnOptions) -> Re
                     IMAGE_PATH_NAMES.join("/"),
                     IMAGE_EMBEDDING_NAMES.join("/")
                 ),
+                &[IMAGE_BYTES_NAMES, IMAGE_PATH_NAMES, IMAGE_EMBEDDING_NAMES].concat(),
             )
         })?,
     };
@@ -446,6 +468,7 @@ pub fn resolve_columns(file: &Path, schema: &Schema, opts: &ColumnOptions) -> Re
                 schema,
                 Role::Caption,
                 &format!("string columns {}", CAPTION_NAMES.join("/")),
+                CAPTION_NAMES,
             )
         })?,
     };
@@ -526,6 +549,7 @@ fn resolve_text_embedding<'a>(
                     .collect::<Vec<_>>()
                     .join("/")
             ),
+            &[preset_names, TEXT_EMBEDDING_NAMES].concat(),
         )),
         (found, _) => Ok(found),
     }

@@ -77,7 +77,7 @@ impl InputSet {
             refuse_urls(first, &columns)?;
         }
         let text_embedding_dim = match &columns.text_embedding {
-            Some(t) => embedding_dim(first, t)?,
+            Some(t) => checked_embedding_dim(first, t)?,
             None => None,
         };
         // A column without one readable value has no width to check rows
@@ -93,7 +93,7 @@ impl InputSet {
             columns.text_embedding = None;
         }
         let embedding_dim = if columns.image_kind == ImageKind::Embedding {
-            embedding_dim(first, &columns.image)?
+            checked_embedding_dim(first, &columns.image)?
         } else {
             None
         };
@@ -324,6 +324,31 @@ fn embedding_dim(first: &InputFile, column: &str) -> Result<Option<usize>> {
         }
     }
     Ok(best.map(|(len, _)| len))
+}
+
+/// Widest embedding accepted (CLIP ViT-bigG's is 1,280, LLM-sized text
+/// embeddings reach 8,192): a wider one is more likely a mislabelled column,
+/// and the heads' weights grow with it.
+pub const MAX_EMBEDDING_DIM: usize = 65_536;
+
+/// [`embedding_dim`] checked: an embedding column whose rows hold no values,
+/// or more than [`MAX_EMBEDDING_DIM`], cannot feed a head.
+fn checked_embedding_dim(first: &InputFile, column: &str) -> Result<Option<usize>> {
+    let dim = embedding_dim(first, column)?;
+    match dim {
+        Some(0) => Err(invalid(format!(
+            "{}: the embedding column \"{column}\" holds empty lists (0 values per row); \
+             expected one list of floats per row, e.g. 512 for CLIP ViT-B/32",
+            first.path.display()
+        ))),
+        Some(d) if d > MAX_EMBEDDING_DIM => Err(invalid(format!(
+            "{}: the embedding column \"{column}\" holds {d} values per row, more than the \
+             {MAX_EMBEDDING_DIM} ncclean accepts; is it the right column? Name the embedding \
+             column with --image-col or --text-emb-col",
+            first.path.display()
+        ))),
+        _ => Ok(dim),
+    }
 }
 
 /// Rows sampled from the first file to tell a URL column from a path column.

@@ -335,6 +335,36 @@ fn float_at(a: &dyn Array, i: usize) -> Option<f32> {
     }
 }
 
+/// What every reader of labels relies on: probabilities in [0, 1], a
+/// finite similarity, and a clean_prob on every scored row (a cut, an
+/// expected precision or an AUROC over anything else means nothing).
+/// `names` are the file's column names, in [`COLUMNS`] order.
+fn check_scores(l: &LabelRow, names: &[String]) -> std::result::Result<(), String> {
+    // A float rounding step past a bound is still a probability.
+    const SLACK: f32 = 1e-6;
+    let probs = [(l.clean_prob, &names[3]), (l.soft_label, &names[4])];
+    for (v, name) in probs {
+        if let Some(v) = v.filter(|v| !(-SLACK..=1.0 + SLACK).contains(v)) {
+            return Err(format!(
+                "column \"{name}\" is {v}, not a probability in [0, 1]"
+            ));
+        }
+    }
+    if let Some(v) = l.similarity.filter(|v| !v.is_finite()) {
+        return Err(format!(
+            "column \"{}\" is {v}, not a finite number",
+            names[5]
+        ));
+    }
+    if l.status == RowStatus::Ok && l.clean_prob.is_none() {
+        return Err(format!(
+            "the row is scored (status \"ok\") but column \"{}\" is null",
+            names[3]
+        ));
+    }
+    Ok(())
+}
+
 fn append_rows(
     path: &Path,
     batch: &RecordBatch,
@@ -370,7 +400,7 @@ fn append_rows(
         let source_row = integer_at(source_row.as_ref(), i)
             .and_then(|v| u64::try_from(v).ok())
             .ok_or_else(|| null(&names[2], row))?;
-        rows.push(LabelRow {
+        let label = LabelRow {
             key: string_at(key.as_ref(), i).ok_or_else(|| null(&names[0], row))?,
             source_file: string_at(source_file.as_ref(), i).unwrap_or_default(),
             source_row,
@@ -380,7 +410,16 @@ fn append_rows(
             is_clean: !is_clean.is_null(i) && is_clean.value(i),
             status,
             error: string_at(error.as_ref(), i),
-        });
+        };
+        check_scores(&label, names).map_err(|e| {
+            invalid(format!(
+                "{}: row {row} (key \"{}\"): {e}; labels written by ncclean never hold that, \
+                 so the file was edited or made by another tool",
+                path.display(),
+                label.key
+            ))
+        })?;
+        rows.push(label);
     }
     Ok(())
 }
@@ -438,6 +477,44 @@ mod tests {
             .map(|f| f.name().as_str())
             .collect();
         assert_eq!(names, COLUMNS);
+    }
+
+    #[test]
+    fn scores_outside_their_range_name_the_row_key_column_and_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("labels.parquet");
+        let bad = |edit: fn(&mut LabelRow)| {
+            let mut rows = sample();
+            edit(&mut rows[0]);
+            write_labels(&path, &rows, &BTreeMap::new()).unwrap();
+            let e = read_labels(&path).unwrap_err();
+            assert_eq!(e.exit_code(), 3);
+            e.to_string()
+        };
+        let e = bad(|r| r.clean_prob = Some(1.5));
+        assert!(
+            e.contains("row 0 (key \"a\"): column \"ncclean_clean_prob\" is 1.5, not a probability in [0, 1]"),
+            "{e}"
+        );
+        let e = bad(|r| r.soft_label = Some(f32::NAN));
+        assert!(e.contains("\"ncclean_soft_label\" is NaN"), "{e}");
+        let e = bad(|r| r.similarity = Some(f32::INFINITY));
+        assert!(
+            e.contains("\"ncclean_similarity\" is inf, not a finite number"),
+            "{e}"
+        );
+        let e = bad(|r| r.clean_prob = None);
+        assert!(
+            e.contains("scored (status \"ok\") but column \"ncclean_clean_prob\" is null"),
+            "{e}"
+        );
+        // The bounds themselves are fine, and so is a negative similarity.
+        let mut rows = sample();
+        rows[0].clean_prob = Some(1.0);
+        rows[0].soft_label = Some(0.0);
+        rows[0].similarity = Some(-1.0);
+        write_labels(&path, &rows, &BTreeMap::new()).unwrap();
+        assert_eq!(read_labels(&path).unwrap().0, rows);
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub use filter::{
     write_filtered, write_filtered_annotated, write_filtered_as, Annotations, FilterSummary,
     OutputFormat,
 };
+pub use input::MAX_EMBEDDING_DIM;
 pub use keys::{for_each_key, positional_key, DuplicateKeys};
 pub use labels::{
     read_labels, write_labels, LabelRow, LabelsWriter, RowStatus, COLUMNS as LABEL_COLUMNS,

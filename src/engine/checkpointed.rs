@@ -68,6 +68,16 @@ impl Engine {
     pub fn load(path: &Path, device: &Device) -> Result<Engine> {
         let dir = checkpoint::locate(path)?;
         let state = checkpoint::read_state(&dir)?;
+        // The checks `fit` makes before training: a damaged or edited state
+        // fails here, naming the key, instead of aborting on allocation.
+        ncclean_pipelines::registry::validate(&state.method, &state.config)
+            .map_err(|e| pipeline_at(&dir, e))?;
+        state.model.check_sizes().map_err(|e| {
+            invalid(format!(
+                "{}: the checkpoint's model is not one ncclean builds ({e}); run `ncclean fit` again",
+                dir.display()
+            ))
+        })?;
         let mut pipeline = ncclean_pipelines::build(
             &state.method,
             state.config.clone(),

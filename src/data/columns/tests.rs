@@ -387,3 +387,35 @@ fn options_without_text_embeddings_serialise_as_before_the_flag() {
     assert_eq!(json["text_emb_col"], "t");
     assert_eq!(json["text_embeddings"], "require");
 }
+
+#[test]
+fn a_detected_name_of_the_wrong_type_is_named_with_its_type() {
+    let s = schema(vec![
+        ("image", DataType::Binary),
+        ("caption", DataType::Int64),
+    ]);
+    let e = resolve(&s, &ColumnOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!(
+            "columns are: [image, caption]. Column \"caption\" has type Int64, expected {CAPTION_EXPECTED}. Use --caption-col"
+        )),
+        "{e}"
+    );
+    let ints = DataType::List(Arc::new(Field::new("item", DataType::Int64, true)));
+    let s = schema(vec![("img_emb", ints), ("caption", DataType::Utf8)]);
+    let e = resolve(&s, &ColumnOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Column \"img_emb\" has type List("), "{e}");
+    // No such name at all: the message stays as it was.
+    let s = schema(vec![("image", DataType::Binary), ("words", DataType::Utf8)]);
+    let e = resolve(&s, &ColumnOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("columns are: [image, words]. Use --caption-col"),
+        "{e}"
+    );
+}
