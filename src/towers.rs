@@ -88,7 +88,7 @@ pub fn discover() -> Discovery {
             d.found.push(Found {
                 kind: "bert",
                 name: "all-MiniLM-L6-v2 (scripts/fetch_minilm.sh)".into(),
-                flags: "--text-encoder minilm".into(),
+                flags: MINILM_FLAGS.into(),
                 path: dir,
             });
         }
@@ -159,6 +159,57 @@ fn model_type(config: &Path) -> Option<&'static str> {
         _ => None,
     }
 }
+
+/// Pretrained towers `fit` takes on its own: for photos, when no tower is
+/// named (the toy towers learn little from them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AutoTowers {
+    /// Image tower.
+    pub image: crate::encoders::ImageEncoder,
+    /// Its weights.
+    pub image_model: String,
+    /// Text tower.
+    pub text: crate::encoders::TextEncoder,
+    /// Its weights; `None` for the default MiniLM directory, or CLIP's own
+    /// (the image model's).
+    pub text_model: Option<String>,
+    /// The flags that choose the same towers by hand.
+    pub flags: String,
+}
+
+/// The towers among `found` that `fit` uses for photos when none is named:
+/// a CLIP model (image and text trained to match; the first one found), else
+/// MobileNetV2 with MiniLM (the scripts/fetch_minilm.sh copy, or a
+/// `sentence-transformers/` model in the hub cache). None when neither pair
+/// is complete: an image tower alone cannot match captions.
+pub fn auto_towers(found: &[Found]) -> Option<AutoTowers> {
+    use crate::encoders::{ImageEncoder, TextEncoder};
+    if let Some(clip) = found.iter().find(|f| f.kind == "clip") {
+        return Some(AutoTowers {
+            image: ImageEncoder::Clip,
+            image_model: clip.name.clone(),
+            text: TextEncoder::Clip,
+            text_model: None,
+            flags: clip.flags.clone(),
+        });
+    }
+    let mobilenet = found.iter().find(|f| f.kind == "mobilenet_v2")?;
+    let text = found.iter().find(|f| {
+        f.kind == "bert"
+            && (f.flags == MINILM_FLAGS || f.name.starts_with("sentence-transformers/"))
+    })?;
+    let text_model = (text.flags != MINILM_FLAGS).then(|| text.name.clone());
+    Some(AutoTowers {
+        image: ImageEncoder::MobilenetV2,
+        image_model: mobilenet.path.display().to_string(),
+        text: TextEncoder::Minilm,
+        flags: format!("{} {}", mobilenet.flags, text.flags),
+        text_model,
+    })
+}
+
+/// The flags of the MiniLM copy scripts/fetch_minilm.sh installs.
+const MINILM_FLAGS: &str = "--text-encoder minilm";
 
 /// The warning `fit` prints when the toy towers (trained from scratch, for
 /// the synthetic demo) meet real photos of `w × h` pixels.
@@ -242,5 +293,73 @@ mod tests {
         assert!(w.contains("500×375"), "{w}");
         assert!(w.contains("ncclean towers"), "{w}");
         assert!(w.contains("--image-encoder"), "{w}");
+    }
+
+    #[test]
+    fn auto_towers_take_clip_first_then_mobilenet_with_a_sentence_model() {
+        use crate::encoders::{ImageEncoder, TextEncoder};
+        let found = |kind: &'static str, name: &str, flags: &str| Found {
+            kind,
+            name: name.into(),
+            path: PathBuf::from(format!("/m/{name}")),
+            flags: flags.into(),
+        };
+        let mobilenet = found(
+            "mobilenet_v2",
+            "MobileNetV2 (ImageNet)",
+            "--image-encoder mobilenet_v2 --image-model /w.st",
+        );
+        let minilm = found(
+            "bert",
+            "all-MiniLM-L6-v2 (scripts/fetch_minilm.sh)",
+            MINILM_FLAGS,
+        );
+        let hub_st = found(
+            "bert",
+            "sentence-transformers/all-MiniLM-L12-v2",
+            "--text-encoder minilm --text-model sentence-transformers/all-MiniLM-L12-v2",
+        );
+        let hub_bert = found(
+            "bert",
+            "google-bert/bert-base-uncased",
+            "--text-encoder minilm --text-model google-bert/bert-base-uncased",
+        );
+        let clip = found(
+            "clip",
+            "openai/clip-vit-base-patch32",
+            "--image-encoder clip --image-model openai/clip-vit-base-patch32 --text-encoder clip",
+        );
+
+        let t = auto_towers(&[mobilenet.clone(), minilm.clone()]).unwrap();
+        assert_eq!(
+            (t.image, t.text),
+            (ImageEncoder::MobilenetV2, TextEncoder::Minilm)
+        );
+        assert_eq!(
+            (t.image_model.as_str(), t.text_model),
+            ("/m/MobileNetV2 (ImageNet)", None)
+        );
+        assert_eq!(
+            t.flags,
+            "--image-encoder mobilenet_v2 --image-model /w.st --text-encoder minilm"
+        );
+        // CLIP wins wherever it is listed: its towers were trained to match.
+        let t = auto_towers(&[mobilenet.clone(), minilm.clone(), clip.clone()]).unwrap();
+        assert_eq!((t.image, t.text), (ImageEncoder::Clip, TextEncoder::Clip));
+        assert_eq!(
+            (t.image_model.as_str(), t.text_model),
+            ("openai/clip-vit-base-patch32", None)
+        );
+        // A sentence model from the hub is named; a plain BERT is no sentence encoder.
+        let t = auto_towers(&[mobilenet.clone(), hub_bert.clone(), hub_st.clone()]).unwrap();
+        assert_eq!(
+            t.text_model.as_deref(),
+            Some("sentence-transformers/all-MiniLM-L12-v2")
+        );
+        // Half a pair is no pair.
+        assert_eq!(auto_towers(&[mobilenet.clone(), hub_bert]), None);
+        assert_eq!(auto_towers(&[mobilenet]), None);
+        assert_eq!(auto_towers(&[minilm]), None);
+        assert_eq!(auto_towers(&[]), None);
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, BinaryArray, RecordBatch, StringArray};
 use arrow_schema::{Field, Schema};
-use common::{noisy_demo_of, quick_fit};
+use common::{noisy_demo_of, p, quick_fit};
 use parquet::arrow::ArrowWriter;
 
 fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>) {
@@ -116,7 +116,20 @@ fn toy_towers_on_photos_warn_with_the_way_out() {
             ),
         ],
     );
-    let out = quick_fit(&data, &dir.path().join("run"), &[]);
+    // No pretrained tower installed (an empty home and hub cache): the toy
+    // towers train, with the warning. Installed ones would be taken instead
+    // (tests/towers.rs).
+    let bare = dir.path().join("home");
+    let out = Command::new(env!("CARGO_BIN_EXE_ncclean"))
+        .args(["fit", p(&data), "--out-dir", p(&dir.path().join("run"))])
+        .args(["--epochs", "1", "--warmup-epochs", "1"])
+        .env("HOME", &bare)
+        .env("HF_HUB_CACHE", bare.join("hub"))
+        .env_remove("HF_HOME")
+        .env_remove("NCCLEAN_MINILM_DIR")
+        .env_remove("NCCLEAN_MOBILENET_V2")
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("warning: the default towers"), "{err}");

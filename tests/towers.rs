@@ -314,3 +314,55 @@ fn recon_and_the_gpo_head_train_on_cached_local_features() {
     assert_eq!(s["model"]["head"]["local"], false);
     assert!(s["model"]["image"]["local_dim"].is_null());
 }
+
+/// Photos and no tower named, with MobileNetV2 and MiniLM installed: `fit`
+/// takes them (and says so) instead of training the toy towers on photos;
+/// run.json records them, so `score` rebuilds the same. Naming any tower
+/// keeps the choice the user's.
+#[test]
+fn photos_without_named_towers_take_the_installed_pretrained_ones() {
+    let (Some(shared), Some(minilm)) = (shared(), minilm()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = small_flickr(&shared, dir.path());
+    let weights = shared.join("models/mobilenet_v2/model.safetensors");
+    // Only what this test installs is found: an empty home and hub cache.
+    let fit = |run: &Path, extra: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ncclean"));
+        c.args(["fit", &p(&data), "--out-dir", &p(run), "--epochs", "2"])
+            .args([
+                "--method",
+                "vanilla",
+                "--cache-dir",
+                &p(&dir.path().join("cache")),
+            ])
+            .args(extra)
+            .env("HOME", dir.path())
+            .env("HF_HUB_CACHE", dir.path().join("hub"))
+            .env_remove("HF_HOME")
+            .env("NCCLEAN_MOBILENET_V2", &weights)
+            .env("NCCLEAN_MINILM_DIR", &minilm);
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{err}");
+        let run_json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
+        (err, run_json["encoders"].clone())
+    };
+    let (err, encoders) = fit(&dir.path().join("auto"), &[]);
+    assert!(
+        err.contains("towers: the first image is a 224×224 photo, so fit uses the pretrained towers installed here: --image-encoder mobilenet_v2 --image-model"),
+        "{err}"
+    );
+    assert!(!err.contains("the default towers"), "{err}");
+    assert_eq!(encoders["image"], "mobilenet_v2", "{encoders}");
+    assert_eq!(encoders["text"], "minilm", "{encoders}");
+    assert_eq!(encoders["image_model"], p(&weights), "{encoders}");
+    // A tower named by hand: nothing is chosen for the user (the toy image
+    // tower they asked for, with its warning gone).
+    let (err, encoders) = fit(&dir.path().join("toy"), &["--image-encoder", "demo-cnn"]);
+    assert!(!err.contains("towers: "), "{err}");
+    assert_eq!(encoders["image"], "demo-cnn", "{encoders}");
+    assert_eq!(encoders["text"], "demo-bow", "{encoders}");
+}

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::data::{ImageValue, TextEmbeddings};
+use crate::data::{ImageKind, ImageValue, TextEmbeddings};
 use crate::encoders::{ImageEncoder, TextEncoder};
 use crate::engine::{self, FitOptions};
 use crate::error::{invalid, Error, Result};
@@ -165,16 +165,49 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         columns.text_embeddings = TextEmbeddings::Require;
     }
     let input = a.data.open_options(&columns)?;
+    let e = &a.encoders;
+    let mut chosen_towers = (
+        e.image_encoder,
+        e.text_encoder,
+        e.image_model.clone(),
+        e.text_model.clone(),
+    );
+    // Photos and no tower named: the toy towers would learn little from
+    // them, so installed pretrained towers are taken, and the run says so.
+    let unnamed = e.image_encoder.is_none()
+        && e.text_encoder.is_none()
+        && e.image_model.is_none()
+        && e.text_model.is_none();
+    let photo = if unnamed && input.columns.image_kind != ImageKind::Embedding {
+        first_photo(&input)
+    } else {
+        None
+    };
+    let auto = photo.and_then(|_| crate::towers::auto_towers(&crate::towers::discover().found));
+    if let (Some((w, h)), Some(t)) = (photo, &auto) {
+        rep.info(&format!(
+            "towers: the first image is a {w}×{h} photo, so fit uses the pretrained towers \
+             installed here: {} (--image-encoder demo-cnn keeps the toy towers)",
+            t.flags
+        ));
+        chosen_towers = (
+            Some(t.image),
+            Some(t.text),
+            Some(t.image_model.clone()),
+            t.text_model.clone(),
+        );
+    }
+    let (image_encoder, text_encoder, image_model, text_model) = chosen_towers;
     let mut encoders = crate::encoders::EncoderSpec::resolve(
         &input,
-        a.encoders.image_encoder,
-        a.encoders.text_encoder,
-        a.encoders.image_model.clone(),
-        a.encoders.text_model.clone(),
+        image_encoder,
+        text_encoder,
+        image_model,
+        text_model,
     )?;
     encoders.tower_dtype = a.encoders.tower_dtype;
-    if a.encoders.image_encoder.is_none() && encoders.image == ImageEncoder::DemoCnn {
-        if let Some((w, h)) = first_photo(&input) {
+    if image_encoder.is_none() && encoders.image == ImageEncoder::DemoCnn {
+        if let Some((w, h)) = photo.or_else(|| first_photo(&input)) {
             crate::progress::warn_once(&crate::towers::toy_tower_warning(w, h));
         }
     }
