@@ -323,10 +323,13 @@ fn pixel_count(s: &str) -> std::result::Result<u64, String> {
 /// Which towers encode images and captions (recorded in the checkpoint).
 #[derive(Debug, Clone, Args)]
 pub struct EncoderArgs {
-    /// Image tower (default: precomputed for an embedding column, else demo-cnn).
+    /// Image tower (default: precomputed for an embedding column; for photos
+    /// with no tower named, the pretrained towers installed here, CLIP or
+    /// MobileNetV2 + MiniLM (`ncclean towers`); else demo-cnn).
     #[arg(long, value_enum)]
     pub image_encoder: Option<crate::encoders::ImageEncoder>,
-    /// Text tower (default: precomputed when --text-emb-col is given, else demo-bow).
+    /// Text tower (default: precomputed when --text-emb-col is given; the
+    /// installed pretrained one with the image tower's, as above; else demo-bow).
     #[arg(long, value_enum)]
     pub text_encoder: Option<crate::encoders::TextEncoder>,
     /// Image tower weights: MobileNetV2 model.safetensors, or a CLIP model directory / hub id.
