@@ -128,8 +128,10 @@ pub fn resume_dir(out: &Path) -> PathBuf {
 }
 
 /// Refuse (exit 2) an output file that is one of the input files: it would
-/// be replaced while it is still being read.
+/// be replaced while it is still being read. Checked before any work, with
+/// what [`crate::temp::check_replaceable`] refuses (a directory, a device).
 pub fn check_not_an_input(out: &Path, files: &[PathBuf], flag: &str) -> Result<()> {
+    crate::temp::check_replaceable(out, flag)?;
     let out_real = real(&absolute(out)?);
     for f in files {
         if real(&absolute(f)?) == out_real {

@@ -38,6 +38,57 @@ fn file_name(path: &Path) -> String {
         .unwrap_or_else(|| "output".into())
 }
 
+/// Refuse (exit 2) to write the file `path` when something other than a
+/// file is there: an output is renamed into place, so a directory would
+/// fail only after all the work, and a device or pipe (`/dev/stdout`,
+/// `/dev/null`, a FIFO) would be replaced by a plain file, as root even in
+/// `/dev`. `what` names the output in the message (`--out`, "output").
+pub fn check_replaceable(path: &Path, what: &str) -> Result<()> {
+    // Followed through links: `/dev/stdout` is a link to a pipe or terminal.
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let kind = if meta.is_file() {
+        return Ok(());
+    } else if meta.is_dir() {
+        "a directory"
+    } else {
+        special_kind(&meta)
+    };
+    let p = path.display();
+    Err(crate::Error::Usage(if meta.is_dir() {
+        format!("{what} {p} is a directory, not a file; name the file to write (a path inside it, for example)")
+    } else {
+        format!(
+            "{what} {p} is {kind}, not a file: ncclean writes a temporary file and renames it \
+             into place, which would replace it; write to a file and read that instead"
+        )
+    }))
+}
+
+/// What a path that is neither a file nor a directory is.
+fn special_kind(meta: &std::fs::Metadata) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let t = meta.file_type();
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_fifo() {
+            return "a named pipe";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    let _ = meta;
+    "not a regular file"
+}
+
 /// This process's temporary of `kind` for `path`: `.<name>.<tag>-<pid>` in
 /// the same directory, so the final rename stays on one filesystem.
 pub fn name(path: &Path, kind: Kind) -> PathBuf {
@@ -169,6 +220,7 @@ pub struct Pending {
 impl Pending {
     /// A pending output for `path`, after sweeping dead writers' temporaries.
     pub fn new(path: &Path) -> Result<Pending> {
+        check_replaceable(path, "output")?;
         sweep(path)?;
         Ok(Pending {
             tmp: name(path, Kind::Tmp),
@@ -254,6 +306,43 @@ fn exchange(_a: &Path, _b: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_files_and_free_paths_may_be_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("labels.parquet");
+        assert!(check_replaceable(&file, "--out").is_ok(), "absent");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(check_replaceable(&file, "--out").is_ok(), "a file");
+        let e = check_replaceable(dir.path(), "--out").unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(
+            e.to_string().starts_with(&format!(
+                "--out {} is a directory, not a file",
+                dir.path().display()
+            )),
+            "{e}"
+        );
+        #[cfg(unix)]
+        {
+            let e = check_replaceable(Path::new("/dev/null"), "--out").unwrap_err();
+            assert!(
+                e.to_string().contains("is a character device, not a file"),
+                "{e}"
+            );
+            let fifo = dir.path().join("pipe");
+            let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+            // SAFETY: mkfifo reads a NUL-terminated path and creates a node.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            let e = check_replaceable(&fifo, "output").unwrap_err();
+            assert!(e.to_string().starts_with("output"), "{e}");
+            assert!(e.to_string().contains("is a named pipe, not a file"), "{e}");
+            // Through a link, the thing linked to counts.
+            let link = dir.path().join("link");
+            std::os::unix::fs::symlink(&fifo, &link).unwrap();
+            assert!(check_replaceable(&link, "--out").is_err());
+        }
+    }
 
     /// A process id that is not running: a child that has been reaped.
     fn dead_pid() -> u32 {

@@ -873,6 +873,82 @@ fn a_bad_method_configuration_exits_2_from_fit_and_from_score() {
     assert!(!tmp.path().join("s.parquet").exists());
 }
 
+/// An output that names a directory or a device is refused before any work
+/// (exit 2): renamed into place, it failed only after scoring (a directory),
+/// or replaced the device or pipe with a plain file (`report --out
+/// /dev/full` as root replaced /dev/full).
+#[cfg(unix)]
+#[test]
+fn outputs_that_are_not_files_are_refused_up_front() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 40);
+    let run = tmp.path().join("r");
+    assert_eq!(quick_fit(&data, &run, &[]).status.code(), Some(0));
+    let fifo = tmp.path().join("pipe");
+    let c = std::ffi::CString::new(p(&fifo)).unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path and creates a node.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let dir = tmp.path().join("d");
+    std::fs::create_dir(&dir).unwrap();
+    let labels = run.join("labels.parquet");
+    for (args, what) in [
+        (
+            vec!["score", p(&data), "--checkpoint", p(&run), "--out", p(&dir)],
+            "is a directory, not a file",
+        ),
+        (
+            vec![
+                "score",
+                p(&data),
+                "--checkpoint",
+                p(&run),
+                "--out",
+                p(&fifo),
+            ],
+            "is a named pipe, not a file",
+        ),
+        (
+            vec!["report", p(&run), "--out", p(&fifo)],
+            "is a named pipe",
+        ),
+        (
+            vec![
+                "filter",
+                p(&data),
+                "--labels",
+                p(&labels),
+                "--out",
+                p(&fifo),
+            ],
+            "is a named pipe",
+        ),
+        (
+            vec!["corrupt", p(&data), "--rate", "0.5", "--out", p(&dir)],
+            "is a directory",
+        ),
+    ] {
+        let out = ncclean(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("--out {}", args[args.len() - 1])),
+            "{err}"
+        );
+        assert!(err.contains(what), "{args:?}: {err}");
+        assert!(!err.contains("scored"), "refused before scoring: {err}");
+    }
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        std::fs::metadata(&fifo).unwrap().file_type().is_fifo(),
+        "the pipe is still a pipe"
+    );
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "nothing left in the directory"
+    );
+}
+
 /// `filter` and `corrupt` refuse to write over a file they read: the atomic
 /// write would have replaced the data (or the labels) with its filtered or
 /// corrupted copy.

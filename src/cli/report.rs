@@ -39,6 +39,7 @@ pub fn run(a: ReportArgs, rep: &Reporter) -> Result<()> {
     }
     let run = crate::run_inputs::run_dir_or_default(a.run.as_deref(), "`ncclean report DIR`")?;
     let out = a.out.clone().unwrap_or_else(|| run.join("report.html"));
+    crate::temp::check_replaceable(&out, "--out")?;
     let s = report::write(
         &run,
         &out,

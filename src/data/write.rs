@@ -27,6 +27,7 @@ const ROW_GROUP_BYTES: usize = 128 * 1024 * 1024;
 /// This process's temporary for `path` (see [`crate::temp`]), after the
 /// temporaries that dead processes left for it are removed.
 fn temp_path(path: &Path) -> Result<PathBuf> {
+    temp::check_replaceable(path, "output")?;
     temp::sweep(path)?;
     Ok(temp::name(path, temp::Kind::Tmp))
 }
