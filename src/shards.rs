@@ -311,6 +311,12 @@ pub fn read_marker(out_dir: &Path, stem: &str) -> Option<Marker> {
 /// Check `out_dir` against the shards: it may not be where a shard lives
 /// (its outputs would be read as inputs next time), and it is created.
 pub fn prepare_out_dir(out_dir: &Path, shards: &[Shard]) -> Result<()> {
+    if out_dir.exists() && !out_dir.is_dir() {
+        return Err(Error::Usage(format!(
+            "--out-dir {} exists and is not a directory; choose another path",
+            out_dir.display()
+        )));
+    }
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("cannot create {}", out_dir.display()))?;
     let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());

@@ -937,6 +937,55 @@ fn outputs_that_are_not_files_are_refused_up_front() {
         assert!(err.contains(what), "{args:?}: {err}");
         assert!(!err.contains("scored"), "refused before scoring: {err}");
     }
+    // Directories asked for where a file (or a pipe) stands: refused before
+    // any work too, where they failed when first written (exit 1, "cannot
+    // create /dev/null: File exists").
+    for (args, want) in [
+        (
+            vec![
+                "score",
+                p(&data),
+                "--checkpoint",
+                p(&run),
+                "--out-dir",
+                p(&fifo),
+            ],
+            format!("--out-dir {} exists and is not a directory", p(&fifo)),
+        ),
+        (
+            vec![
+                "filter",
+                p(&data),
+                "--labels",
+                p(&labels),
+                "--out-dir",
+                p(&data),
+            ],
+            format!("--out-dir {} exists and is not a directory", p(&data)),
+        ),
+        (
+            vec![
+                "score",
+                p(&data),
+                "--checkpoint",
+                p(&run),
+                "--out",
+                p(&tmp.path().join("s.parquet")),
+                "--cache-dir",
+                p(&data),
+            ],
+            format!(
+                "the feature cache {} exists and is not a directory",
+                p(&data)
+            ),
+        ),
+    ] {
+        let out = ncclean(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(&want), "{args:?}: {err}");
+    }
+    assert!(!tmp.path().join("s.parquet").exists());
     use std::os::unix::fs::FileTypeExt;
     assert!(
         std::fs::metadata(&fifo).unwrap().file_type().is_fifo(),

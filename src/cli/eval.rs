@@ -310,7 +310,7 @@ fn run_retrieval(a: &EvalArgs, rep: &Reporter) -> Result<()> {
         ..Default::default()
     });
     let input = crate::data::InputSet::open(&a.data, &opts)?;
-    let prepared = engine.prepare(&input, &a.cache.options(), rep)?;
+    let prepared = engine.prepare(&input, &a.cache.options()?, rep)?;
     // One image per distinct image identity; every usable pair is a caption.
     let mut first: HashMap<u64, usize> = HashMap::new();
     let mut images = Vec::new();

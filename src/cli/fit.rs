@@ -213,7 +213,7 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     }
     let opts = FitOptions {
         encoders,
-        cache: a.cache.options(),
+        cache: a.cache.options()?,
         method: a.method.clone(),
         config,
         seed: a.seed,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::data::{ColumnOptions, Preset, TextEmbeddings};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::images::ImageLimits;
 use crate::progress::{LogFormat, Reporter};
 
@@ -382,17 +382,25 @@ pub struct CacheArgs {
 }
 
 impl CacheArgs {
-    /// The cache these flags ask for.
-    pub fn options(&self) -> crate::features::CacheOptions {
-        crate::features::CacheOptions {
-            dir: if self.no_cache {
-                None
-            } else {
-                self.cache_dir
-                    .clone()
-                    .or_else(crate::features::CacheOptions::default_dir)
-            },
+    /// The cache these flags ask for; a cache path that exists as something
+    /// other than a directory is refused (exit 2) before any work, instead
+    /// of failing once the first feature is stored.
+    pub fn options(&self) -> Result<crate::features::CacheOptions> {
+        let dir = if self.no_cache {
+            None
+        } else {
+            self.cache_dir
+                .clone()
+                .or_else(crate::features::CacheOptions::default_dir)
+        };
+        if let Some(d) = dir.as_deref().filter(|d| d.exists() && !d.is_dir()) {
+            return Err(Error::Usage(format!(
+                "the feature cache {} exists and is not a directory; name a directory with \
+                 --cache-dir (it is created when missing), or pass --no-cache",
+                d.display()
+            )));
         }
+        Ok(crate::features::CacheOptions { dir })
     }
 }
 

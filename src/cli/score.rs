@@ -244,7 +244,7 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
         // refused before anything is scored.
         data::check_same_schema(&input)?;
     }
-    let cache = a.cache.options();
+    let cache = a.cache.options()?;
     // Both outputs are finished under temporary names, then renamed in
     // together: an interrupt never leaves new labels beside an old filter.
     let labels_out = crate::temp::Pending::new(out)?;
@@ -378,7 +378,7 @@ fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Res
     let shards = a.shards.select(&a.data.data, a.data.discovery())?;
     shards::prepare_out_dir(dir, &shards)?;
     let opts = engine.input_options(a.data.options_with(&a.images));
-    let cache = a.cache.options();
+    let cache = a.cache.options()?;
     // The column options and image limits decide which rows are usable:
     // changing them redoes the shards too.
     // So do the cut: shards labelled under another rule are redone (a cut
