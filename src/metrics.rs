@@ -147,6 +147,159 @@ pub fn calibration_error(probs: &[f64], positive: &[bool]) -> Option<f64> {
     )
 }
 
+/// Kendall's τb of `x` and `y` (the tie-corrected form scipy's
+/// `kendalltau` computes by default), in O(n log n) (Knight 1966): sort by
+/// `(x, y)`, then count the exchanges a merge sort by `y` makes. None with
+/// fewer than two items or when either side is constant.
+///
+/// # Panics
+/// If `x` and `y` differ in length (a caller bug, never data).
+pub fn kendall_tau_b(x: &[f64], y: &[f64]) -> Option<f64> {
+    assert_eq!(x.len(), y.len(), "kendall_tau_b: lengths");
+    let n = x.len();
+    if n < 2 {
+        return None;
+    }
+    let mut items: Vec<(f64, f64)> = x
+        .iter()
+        .zip(y)
+        // + 0.0 turns -0.0 into 0.0: total_cmp would part the tie.
+        .map(|(&a, &b)| (rank_key(a) + 0.0, rank_key(b) + 0.0))
+        .collect();
+    items.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let pairs = |t: u64| t * t.saturating_sub(1) / 2;
+    // Ties in x, and joint ties in (x, y), over the (x, y)-sorted items.
+    let (mut tied_x, mut tied_xy) = (0u64, 0u64);
+    let (mut run_x, mut run_xy) = (1u64, 1u64);
+    for i in 1..n {
+        if items[i].0 == items[i - 1].0 {
+            run_x += 1;
+            if items[i].1 == items[i - 1].1 {
+                run_xy += 1;
+            } else {
+                tied_xy += pairs(run_xy);
+                run_xy = 1;
+            }
+        } else {
+            tied_x += pairs(run_x);
+            tied_xy += pairs(run_xy);
+            run_x = 1;
+            run_xy = 1;
+        }
+    }
+    tied_x += pairs(run_x);
+    tied_xy += pairs(run_xy);
+    let mut ys: Vec<f64> = items.iter().map(|p| p.1).collect();
+    let swaps = merge_count(&mut ys);
+    let mut tied_y = 0u64;
+    let mut run_y = 1u64;
+    for i in 1..n {
+        if ys[i] == ys[i - 1] {
+            run_y += 1;
+        } else {
+            tied_y += pairs(run_y);
+            run_y = 1;
+        }
+    }
+    tied_y += pairs(run_y);
+    let total = pairs(n as u64);
+    let (dx, dy) = (total - tied_x, total - tied_y);
+    if dx == 0 || dy == 0 {
+        return None;
+    }
+    // Concordant minus discordant: of the pairs untied in both, those a
+    // sort by y had to exchange are the discordant ones.
+    let s = total as f64 - tied_x as f64 - tied_y as f64 + tied_xy as f64 - 2.0 * swaps as f64;
+    Some(s / ((dx as f64) * (dy as f64)).sqrt())
+}
+
+/// Sort `v` ascending (a stable merge sort) and return how many pairs it
+/// found out of order: the exchanges of a bubble sort.
+fn merge_count(v: &mut [f64]) -> u64 {
+    let n = v.len();
+    let mut buf = vec![0.0; n];
+    let mut swaps = 0u64;
+    let mut width = 1;
+    while width < n {
+        let mut lo = 0;
+        while lo < n {
+            let mid = (lo + width).min(n);
+            let hi = (lo + 2 * width).min(n);
+            let (mut i, mut j, mut k) = (lo, mid, lo);
+            while i < mid && j < hi {
+                // Equal values are not out of order: take the left one.
+                if v[j] < v[i] {
+                    swaps += (mid - i) as u64;
+                    buf[k] = v[j];
+                    j += 1;
+                } else {
+                    buf[k] = v[i];
+                    i += 1;
+                }
+                k += 1;
+            }
+            buf[k..k + (mid - i)].copy_from_slice(&v[i..mid]);
+            k += mid - i;
+            buf[k..k + (hi - j)].copy_from_slice(&v[j..hi]);
+            lo = hi;
+        }
+        v.copy_from_slice(&buf);
+        width *= 2;
+    }
+    swaps
+}
+
+/// Spearman's rank correlation: Pearson's correlation of the average ranks
+/// (ties share their mean rank), as scipy's `spearmanr`. None with fewer
+/// than two items or when either side is constant.
+///
+/// # Panics
+/// If `x` and `y` differ in length (a caller bug, never data).
+pub fn spearman(x: &[f64], y: &[f64]) -> Option<f64> {
+    assert_eq!(x.len(), y.len(), "spearman: lengths");
+    if x.len() < 2 {
+        return None;
+    }
+    pearson(&average_ranks(x), &average_ranks(y))
+}
+
+/// 1-based ranks, ties sharing their mean rank; NaN ranks lowest.
+pub fn average_ranks(v: &[f64]) -> Vec<f64> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_unstable_by(|&a, &b| rank_key(v[a]).total_cmp(&rank_key(v[b])));
+    let mut ranks = vec![0.0; v.len()];
+    let mut start = 0;
+    while start < idx.len() {
+        let mut end = start + 1;
+        while end < idx.len() && rank_key(v[idx[end]]) == rank_key(v[idx[start]]) {
+            end += 1;
+        }
+        let mean = (start + end + 1) as f64 / 2.0;
+        for &i in &idx[start..end] {
+            ranks[i] = mean;
+        }
+        start = end;
+    }
+    ranks
+}
+
+/// Pearson's correlation; None when either side is constant.
+fn pearson(x: &[f64], y: &[f64]) -> Option<f64> {
+    let n = x.len() as f64;
+    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
+    let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
+    for (a, b) in x.iter().zip(y) {
+        let (da, db) = (a - mx, b - my);
+        sxy += da * db;
+        sxx += da * da;
+        syy += db * db;
+    }
+    if sxx == 0.0 || syy == 0.0 {
+        return None;
+    }
+    Some(sxy / (sxx * syy).sqrt())
+}
+
 /// num/den, or 0 for 0/0 (sklearn's `zero_division=0`).
 fn ratio(num: usize, den: usize) -> f64 {
     if den == 0 {
@@ -403,5 +556,94 @@ mod tests {
         // Sure and wrong: the whole gap.
         assert_eq!(calibration_error(&[0.0, 1.0], &[true, false]), Some(1.0));
         assert_eq!(calibration_error(&[], &[]), None);
+    }
+
+    #[test]
+    fn kendall_and_spearman_hand_computed() {
+        // x = (1, 2, 3, 4), y = (1, 3, 2, 4): of the 6 pairs only (2, 3)
+        // is discordant: tau = (5 - 1) / 6. Rank differences (0, 1, 1, 0):
+        // rho = 1 - 6 * 2 / (4 * 15) = 0.8.
+        let x = [1.0, 2.0, 3.0, 4.0];
+        let y = [1.0, 3.0, 2.0, 4.0];
+        let tau = kendall_tau_b(&x, &y).expect("tau");
+        assert!((tau - 4.0 / 6.0).abs() < 1e-12, "{tau}");
+        let rho = spearman(&x, &y).expect("rho");
+        assert!((rho - 0.8).abs() < 1e-12, "{rho}");
+        // Ties: x = (1, 1, 2), y = (1, 2, 3). Pairs: (0,1) tied in x only,
+        // (0,2) and (1,2) concordant: S = 2, n0 = 3, n1 = 1, n2 = 0:
+        // tau_b = 2 / sqrt(2 * 3).
+        let tau = kendall_tau_b(&[1.0, 1.0, 2.0], &[1.0, 2.0, 3.0]).expect("tau");
+        assert!((tau - 2.0 / 6f64.sqrt()).abs() < 1e-12, "{tau}");
+        // -0.0 and 0.0 are one value, not two.
+        let tau = kendall_tau_b(&[0.0, -0.0, 1.0], &[2.0, 1.0, 3.0]).expect("tau");
+        assert!((tau - 2.0 / 6f64.sqrt()).abs() < 1e-12, "{tau}");
+        // Reversed order: -1; a constant side: undefined.
+        let rev: Vec<f64> = x.iter().rev().copied().collect();
+        assert_eq!(kendall_tau_b(&x, &rev), Some(-1.0));
+        assert_eq!(kendall_tau_b(&x, &[2.0; 4]), None);
+        assert_eq!(spearman(&x, &[2.0; 4]), None);
+        assert_eq!(kendall_tau_b(&[1.0], &[1.0]), None);
+    }
+
+    #[test]
+    fn rank_correlations_match_scipy() {
+        // Written by scripts/reference/rank_vectors.py (scipy's kendalltau
+        // and spearmanr on tie-heavy data).
+        #[derive(Deserialize)]
+        struct Case {
+            name: String,
+            x: Vec<f64>,
+            y: Vec<f64>,
+            kendall_tau_b: f64,
+            spearman: f64,
+        }
+        let text = include_str!("testdata/rank_vectors.json");
+        let cases: Vec<Case> = serde_json::from_str(text).expect("reference vectors");
+        assert!(cases.len() >= 3);
+        for c in cases {
+            let tau = kendall_tau_b(&c.x, &c.y).expect("tau");
+            assert!(
+                (tau - c.kendall_tau_b).abs() < REF_TOL,
+                "{}: {tau} vs {}",
+                c.name,
+                c.kendall_tau_b
+            );
+            let rho = spearman(&c.x, &c.y).expect("rho");
+            assert!(
+                (rho - c.spearman).abs() < REF_TOL,
+                "{}: {rho} vs {}",
+                c.name,
+                c.spearman
+            );
+        }
+    }
+
+    #[test]
+    fn kendall_agrees_with_the_quadratic_definition() {
+        // Pseudo-random data with ties against the O(n^2) count.
+        let mut state = 12345u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 33) % 7) as f64
+        };
+        let x: Vec<f64> = (0..300).map(|_| next()).collect();
+        let y: Vec<f64> = (0..300).map(|_| next()).collect();
+        let (mut s, mut tx, mut ty) = (0i64, 0i64, 0i64);
+        let n = x.len();
+        for i in 0..n {
+            for j in i + 1..n {
+                let a = (x[i] - x[j]).signum() as i64 * i64::from(x[i] != x[j]);
+                let b = (y[i] - y[j]).signum() as i64 * i64::from(y[i] != y[j]);
+                s += a * b;
+                tx += i64::from(a == 0);
+                ty += i64::from(b == 0);
+            }
+        }
+        let n0 = (n * (n - 1) / 2) as f64;
+        let want = s as f64 / ((n0 - tx as f64) * (n0 - ty as f64)).sqrt();
+        let got = kendall_tau_b(&x, &y).expect("tau");
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
     }
 }

@@ -27,7 +27,8 @@ Features are read from ncclean's content-addressed f16 store that
 Prints one JSON line.
 
 Usage (numpy and pyarrow from PyPI):
-    python3 examples/reference/ridge_numpy.py DATA.parquet --cache-dir DIR [--test TEST.parquet] [--lam 0.01]
+    python3 examples/reference/ridge_numpy.py DATA.parquet --cache-dir DIR [--test TEST.parquet]
+        [--graded GRADED.parquet] [--lam 0.01]
     python3 examples/reference/ridge_numpy.py --self-test   # the math against hand-computed values
 """
 
@@ -172,6 +173,8 @@ def main(argv):
     p.add_argument("data", nargs="?", help="parquet with image bytes, caption and noisy columns")
     p.add_argument("--cache-dir", help="ncclean feature cache filled by `ncclean fit --cache-dir`")
     p.add_argument("--test", help="held-out parquet (image, caption) for retrieval")
+    p.add_argument("--graded", help="graded pairs (examples/graded_build.rs): Kendall tau-b and Spearman "
+                   "of the ridge score with their `relevance` (needs scipy)")
     p.add_argument("--lam", type=float, default=0.01,
                    help="ridge strength relative to the mean eigenvalue of the centred image Gram matrix")
     p.add_argument("--self-test", action="store_true", help="check the math and exit")
@@ -195,6 +198,17 @@ def main(argv):
         w, mx, my = model
         sim = unit((ximg - mx) @ w + my) @ yt.T
         out["retrieval"] = retrieval(sim, owner)
+    if a.graded:
+        import pyarrow.parquet as pq
+        from scipy.stats import kendalltau, spearmanr
+
+        xg, yg, _, _ = load(a.graded, stores, False)
+        rel = np.array(pq.read_table(a.graded, columns=["relevance"]).column("relevance").to_pylist())
+        sg = cosine_scores(xg, yg, model)
+        out["graded"] = {
+            "kendall": float(kendalltau(sg, rel).statistic),
+            "spearman": float(spearmanr(sg, rel).statistic),
+        }
     print(json.dumps(out))
 
 

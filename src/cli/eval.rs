@@ -8,6 +8,7 @@ use anyhow::Context;
 use arrow_array::{
     Array, BooleanArray, Int32Array, Int64Array, LargeStringArray, StringArray, UInt64Array,
 };
+use arrow_schema::DataType;
 use clap::Args;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
@@ -15,7 +16,9 @@ use serde::Serialize;
 
 use crate::data::{self, LabelRow, RowStatus};
 use crate::error::{invalid, Result};
-use crate::metrics::{auroc, average_precision, calibration_error, precision_recall_f1};
+use crate::metrics::{
+    auroc, average_precision, calibration_error, kendall_tau_b, precision_recall_f1, spearman,
+};
 use crate::progress::Reporter;
 use crate::threshold::Ranked;
 
@@ -47,13 +50,18 @@ pub struct EvalArgs {
     /// CPU), cpu, cuda or cuda:N. The choice is said on stderr.
     #[arg(long, default_value = "auto")]
     pub device: String,
-    /// Boolean ground-truth column: true for a mismatched (noisy) pair.
+    /// Ground-truth column. Boolean: true for a mismatched (noisy) pair;
+    /// detection metrics. Numeric (a 1-5 rating, the share of raters who
+    /// said yes, a relevance; higher = a better match): Kendall tau-b,
+    /// Spearman and the AUC of the top vs the bottom third of the ratings,
+    /// for clean_prob, similarity and soft_label.
     #[arg(long, default_value = "noisy")]
     pub truth_col: String,
     /// Key column of the truth file (default: detected; else `<file stem>:<row>`).
     #[arg(long, value_name = "NAME")]
     pub truth_key_col: Option<String>,
-    /// Print one JSON object: auroc, ap, auroc_ranked, auroc_soft_label, auroc_similarity, mean_clean_prob, clean_share, calibration_error, precision, recall, f1, n, noisy, skipped.
+    /// Print one JSON object. Graded truth: kendall_*, spearman_*, auc_* (each for clean_prob,
+    /// similarity, soft_label), mean_clean_prob, n, top, bottom, skipped. Boolean truth: auroc, ap, auroc_ranked, auroc_soft_label, auroc_similarity, mean_clean_prob, clean_share, calibration_error, precision, recall, f1, n, noisy, skipped.
     #[arg(long)]
     pub json: bool,
 }
@@ -99,8 +107,18 @@ pub struct Detection {
 
 const KEY_CANDIDATES: &[&str] = &["key", "uid", "SAMPLE_ID", "id", "image_id", "sample_id"];
 
-/// Read `(key, noisy)` from the truth file.
-fn read_truth(path: &Path, truth_col: &str, key_col: Option<&str>) -> Result<Vec<(String, bool)>> {
+/// Ground truth per key, as the truth column's type says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Truth {
+    /// A boolean column: true for a mismatched (noisy) pair.
+    Noisy(Vec<(String, bool)>),
+    /// A numeric column: a graded rating, higher for a better match (a 1–5
+    /// score, the share of raters who said yes, a relevance).
+    Graded(Vec<(String, f64)>),
+}
+
+/// Read the truth column and the keys from the truth file.
+fn read_truth(path: &Path, truth_col: &str, key_col: Option<&str>) -> Result<Truth> {
     let file = File::open(path)
         .map_err(|e| invalid(format!("cannot open truth file {}: {e}", path.display())))?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
@@ -140,18 +158,24 @@ fn read_truth(path: &Path, truth_col: &str, key_col: Option<&str>) -> Result<Vec
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let mut out = Vec::new();
+    let graded = match schema.field(truth_idx).data_type() {
+        DataType::Boolean => false,
+        t if t.is_numeric() => true,
+        t => return Err(invalid(format!(
+            "{}: truth column {truth_col:?} is {t}; it must be boolean (true = a mismatched pair) \
+                 or numeric (a graded rating, higher = a better match)",
+            path.display()
+        ))),
+    };
+    let mut noisy = Vec::new();
+    let mut grades = Vec::new();
+    let mut rows = 0usize;
     for batch in reader {
         let batch = batch.with_context(|| format!("reading {}", path.display()))?;
-        let truth = batch
+        let column = batch
             .column_by_name(truth_col)
-            .and_then(|c| c.as_any().downcast_ref::<BooleanArray>())
-            .ok_or_else(|| {
-                invalid(format!(
-                    "{}: column {truth_col:?} must be boolean",
-                    path.display()
-                ))
-            })?;
+            .context("truth column")?
+            .clone();
         let keys: Option<Vec<String>> = match key_idx {
             Some(k) => Some(
                 key_strings(
@@ -170,22 +194,99 @@ fn read_truth(path: &Path, truth_col: &str, key_col: Option<&str>) -> Result<Vec
             ),
             None => None,
         };
-        for i in 0..batch.num_rows() {
+        let values: Vec<Option<f64>> = if graded {
+            numeric_values(column.as_ref()).ok_or_else(|| {
+                invalid(format!(
+                    "{}: truth column {truth_col:?} is {}, which eval cannot read as a number",
+                    path.display(),
+                    column.data_type()
+                ))
+            })?
+        } else {
+            let b = column
+                .as_any()
+                .downcast_ref::<BooleanArray>()
+                .context("truth column as boolean")?;
+            (0..b.len())
+                .map(|i| (!b.is_null(i)).then(|| f64::from(u8::from(b.value(i)))))
+                .collect()
+        };
+        for (i, v) in values.into_iter().enumerate() {
             let key = match &keys {
                 Some(k) => k[i].clone(),
-                None => format!("{stem}:{}", out.len()),
+                None => format!("{stem}:{rows}"),
             };
-            if truth.is_null(i) {
-                return Err(invalid(format!(
-                    "{}: {truth_col:?} is null in row {}",
-                    path.display(),
-                    out.len()
-                )));
+            let v = match v {
+                Some(v) if v.is_finite() => v,
+                _ => {
+                    return Err(invalid(format!(
+                        "{}: {truth_col:?} is {} in row {rows}; every pair needs a truth value",
+                        path.display(),
+                        if v.is_some() {
+                            "not a finite number"
+                        } else {
+                            "null"
+                        }
+                    )))
+                }
+            };
+            if graded {
+                grades.push((key, v));
+            } else {
+                noisy.push((key, v != 0.0));
             }
-            out.push((key, truth.value(i)));
+            rows += 1;
         }
     }
-    Ok(out)
+    if !graded {
+        return Ok(Truth::Noisy(noisy));
+    }
+    if grades.windows(2).all(|w| w[0].1 == w[1].1) {
+        return Err(invalid(format!(
+            "{}: the graded truth column {truth_col:?} holds one value for every row; \
+             ratings that do not vary cannot rank the labels",
+            path.display()
+        )));
+    }
+    Ok(Truth::Graded(grades))
+}
+
+/// The values of a numeric column as f64 (None per null); None for a type
+/// other than the integer and float types.
+fn numeric_values(a: &dyn Array) -> Option<Vec<Option<f64>>> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::*;
+    macro_rules! read {
+        ($t:ty) => {{
+            let p = a.as_primitive_opt::<$t>()?;
+            Some(
+                (0..p.len())
+                    .map(|i| (!p.is_null(i)).then(|| p.value(i) as f64))
+                    .collect(),
+            )
+        }};
+    }
+    match a.data_type() {
+        DataType::Float64 => read!(Float64Type),
+        DataType::Float32 => read!(Float32Type),
+        DataType::Float16 => {
+            let p = a.as_primitive_opt::<Float16Type>()?;
+            Some(
+                (0..p.len())
+                    .map(|i| (!p.is_null(i)).then(|| f64::from(p.value(i))))
+                    .collect(),
+            )
+        }
+        DataType::Int8 => read!(Int8Type),
+        DataType::Int16 => read!(Int16Type),
+        DataType::Int32 => read!(Int32Type),
+        DataType::Int64 => read!(Int64Type),
+        DataType::UInt8 => read!(UInt8Type),
+        DataType::UInt16 => read!(UInt16Type),
+        DataType::UInt32 => read!(UInt32Type),
+        DataType::UInt64 => read!(UInt64Type),
+        _ => None,
+    }
 }
 
 fn key_strings(a: &dyn Array) -> Option<Vec<String>> {
@@ -275,6 +376,145 @@ pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detect
     })
 }
 
+/// How labels rank pairs against graded truth: one rating per pair, higher
+/// for a better match (METHODS.md section 6, "Graded agreement").
+#[derive(Debug, Clone, Serialize)]
+pub struct Agreement {
+    /// Kendall τb of clean_prob with the truth.
+    pub kendall_clean_prob: Option<f64>,
+    /// Kendall τb of the similarity with the truth.
+    pub kendall_similarity: Option<f64>,
+    /// Kendall τb of the soft label with the truth.
+    pub kendall_soft_label: Option<f64>,
+    /// Spearman's ρ of clean_prob with the truth.
+    pub spearman_clean_prob: Option<f64>,
+    /// Spearman's ρ of the similarity with the truth.
+    pub spearman_similarity: Option<f64>,
+    /// Spearman's ρ of the soft label with the truth.
+    pub spearman_soft_label: Option<f64>,
+    /// AUC of clean_prob for the pairs rated in the top third against those
+    /// in the bottom third.
+    pub auc_clean_prob: Option<f64>,
+    /// The same AUC for the similarity.
+    pub auc_similarity: Option<f64>,
+    /// The same AUC for the soft label.
+    pub auc_soft_label: Option<f64>,
+    /// Mean clean_prob over the pairs.
+    pub mean_clean_prob: f64,
+    /// Pairs evaluated (scored rows with a rating).
+    pub n: usize,
+    /// Pairs in the top third of the ratings (ties at its edge kept whole).
+    pub top: usize,
+    /// Pairs in the bottom third of the ratings (ties at its edge kept whole).
+    pub bottom: usize,
+    /// Label rows not evaluated because they were skipped.
+    pub skipped: usize,
+}
+
+/// Join labels with graded truth by key and measure how the labels' scores
+/// rank the pairs against it.
+pub fn agreement(labels: &[LabelRow], truth: &[(String, f64)]) -> Result<Agreement> {
+    let map: HashMap<&str, f64> = truth.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    if map.len() != truth.len() {
+        return Err(invalid(
+            "the truth file has duplicate keys; pass --truth-key-col with a unique column",
+        ));
+    }
+    let (mut probs, mut sim, mut soft, mut grade) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut skipped, mut missing) = (0, 0);
+    for l in labels {
+        if l.status == RowStatus::Skipped {
+            skipped += 1;
+            continue;
+        }
+        let Some(&t) = map.get(l.key.as_str()) else {
+            missing += 1;
+            continue;
+        };
+        probs.push(f64::from(l.clean_prob.unwrap_or(0.0)));
+        sim.push(f64::from(l.similarity.unwrap_or(0.0)));
+        soft.push(f64::from(l.soft_label.unwrap_or(0.0)));
+        grade.push(t);
+    }
+    if missing > 0 {
+        return Err(invalid(format!(
+            "{missing} label rows have no matching key in the truth file; were the labels made from this data? (see --truth-key-col)"
+        )));
+    }
+    let thirds = Thirds::of(&grade);
+    let n = probs.len();
+    Ok(Agreement {
+        kendall_clean_prob: kendall_tau_b(&probs, &grade),
+        kendall_similarity: kendall_tau_b(&sim, &grade),
+        kendall_soft_label: kendall_tau_b(&soft, &grade),
+        spearman_clean_prob: spearman(&probs, &grade),
+        spearman_similarity: spearman(&sim, &grade),
+        spearman_soft_label: spearman(&soft, &grade),
+        auc_clean_prob: thirds.auc(&probs),
+        auc_similarity: thirds.auc(&sim),
+        auc_soft_label: thirds.auc(&soft),
+        mean_clean_prob: probs.iter().sum::<f64>() / n.max(1) as f64,
+        n,
+        top: thirds.top(),
+        bottom: thirds.bottom(),
+        skipped,
+    })
+}
+
+/// The pairs rated in the top and in the bottom third. A rating scale has
+/// few values, so a third's edge usually falls inside a tie: the tie is kept
+/// whole. When both edges fall in one tie (more than a third of the pairs
+/// share the middle value), the pairs above it are the top and those below
+/// it the bottom.
+struct Thirds {
+    /// Per pair: Some(true) top, Some(false) bottom, None neither.
+    side: Vec<Option<bool>>,
+}
+
+impl Thirds {
+    fn of(grade: &[f64]) -> Thirds {
+        let mut sorted = grade.to_vec();
+        sorted.sort_unstable_by(f64::total_cmp);
+        let n = sorted.len();
+        let k = (n / 3).max(1);
+        let side = if n < 2 {
+            vec![None; n]
+        } else {
+            let (low, high) = (sorted[k - 1], sorted[n - k]);
+            grade
+                .iter()
+                .map(|&g| {
+                    if low < high {
+                        (g >= high).then_some(true).or((g <= low).then_some(false))
+                    } else {
+                        (g > high).then_some(true).or((g < low).then_some(false))
+                    }
+                })
+                .collect()
+        };
+        Thirds { side }
+    }
+
+    fn top(&self) -> usize {
+        self.side.iter().filter(|s| **s == Some(true)).count()
+    }
+
+    fn bottom(&self) -> usize {
+        self.side.iter().filter(|s| **s == Some(false)).count()
+    }
+
+    /// AUC of `score` for the top third against the bottom third.
+    fn auc(&self, score: &[f64]) -> Option<f64> {
+        let (s, l): (Vec<f64>, Vec<bool>) = score
+            .iter()
+            .zip(&self.side)
+            .filter_map(|(&v, side)| side.map(|top| (v, top)))
+            .unzip();
+        auroc(&s, &l)
+    }
+}
+
 /// The share rules' order ([`Ranked`]) as one noisiness score: each pair
 /// gets its rank, cleanest first, so the noisiest score highest; pairs
 /// equal in both scores share one.
@@ -350,6 +590,52 @@ fn run_retrieval(a: &EvalArgs, rep: &Reporter) -> Result<()> {
     Ok(())
 }
 
+fn print_agreement(g: &Agreement, a: &EvalArgs) -> Result<()> {
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string(g).context("serialising metrics")?
+        );
+        return Ok(());
+    }
+    let f = |v: Option<f64>| {
+        v.map(|v| format!("{v:>7.4}"))
+            .unwrap_or_else(|| "    n/a".into())
+    };
+    println!(
+        "pairs evaluated: {} against graded truth {:?} ({} skipped rows not evaluated)",
+        g.n, a.truth_col, g.skipped
+    );
+    println!(
+        "             Kendall tau-b  Spearman  AUC top {} vs bottom {}",
+        g.top, g.bottom
+    );
+    for (name, k, r, auc) in [
+        (
+            "clean_prob",
+            g.kendall_clean_prob,
+            g.spearman_clean_prob,
+            g.auc_clean_prob,
+        ),
+        (
+            "similarity",
+            g.kendall_similarity,
+            g.spearman_similarity,
+            g.auc_similarity,
+        ),
+        (
+            "soft_label",
+            g.kendall_soft_label,
+            g.spearman_soft_label,
+            g.auc_soft_label,
+        ),
+    ] {
+        println!("{name:<12} {}        {}   {}", f(k), f(r), f(auc));
+    }
+    println!("mean clean_prob: {:.4}", g.mean_clean_prob);
+    Ok(())
+}
+
 pub fn run(a: EvalArgs, rep: &Reporter) -> Result<()> {
     if a.retrieval {
         return run_retrieval(&a, rep);
@@ -360,7 +646,10 @@ pub fn run(a: EvalArgs, rep: &Reporter) -> Result<()> {
         ));
     };
     let (labels, _) = data::read_labels(labels_path)?;
-    let truth = read_truth(truth_path, &a.truth_col, a.truth_key_col.as_deref())?;
+    let truth = match read_truth(truth_path, &a.truth_col, a.truth_key_col.as_deref())? {
+        Truth::Noisy(t) => t,
+        Truth::Graded(t) => return print_agreement(&agreement(&labels, &t)?, &a),
+    };
     let d = detection(&labels, &truth)?;
     if a.json {
         println!(
@@ -505,5 +794,115 @@ mod tests {
         let ap = d.ap.expect("ap");
         assert!((ap - (1.0 + 2.0 / 3.0) / 2.0).abs() < 1e-12, "{ap}");
         assert_eq!((d.precision, d.recall), (0.5, 0.5));
+    }
+
+    fn graded(pairs: &[(&str, f64)]) -> Vec<(String, f64)> {
+        pairs.iter().map(|&(k, t)| (k.to_string(), t)).collect()
+    }
+
+    #[test]
+    fn agreement_matches_hand_computed_ranks() {
+        // Ratings 1..6; clean_prob 0.1, 0.3, 0.2, 0.6, 0.5, 0.9. Of the 15
+        // pairs, (b, c) and (d, e) are discordant: tau = (13 - 2) / 15.
+        // Rank differences (0, 1, -1, 1, -1, 0): rho = 1 - 6 * 4 / (6 * 35).
+        // Thirds: the bottom rated 1-2 (0.1, 0.3), the top 5-6 (0.5, 0.9):
+        // every top pair above every bottom one, AUC 1.
+        let probs = [0.1, 0.3, 0.2, 0.6, 0.5, 0.9];
+        let keys = ["a", "b", "c", "d", "e", "f"];
+        let mut labels: Vec<LabelRow> = keys.iter().zip(probs).map(|(k, p)| row(k, p)).collect();
+        // The similarity ranks them backwards, the soft label as clean_prob.
+        for (i, l) in labels.iter_mut().enumerate() {
+            l.similarity = Some(-(i as f32));
+        }
+        let truth: Vec<(&str, f64)> = keys
+            .iter()
+            .zip(1..=6)
+            .map(|(k, g)| (*k, f64::from(g)))
+            .collect();
+        let g = agreement(&labels, &graded(&truth)).expect("agreement");
+        let tau = g.kendall_clean_prob.expect("tau");
+        assert!((tau - 11.0 / 15.0).abs() < 1e-12, "{tau}");
+        let rho = g.spearman_clean_prob.expect("rho");
+        assert!((rho - (1.0 - 24.0 / 210.0)).abs() < 1e-12, "{rho}");
+        assert_eq!(g.auc_clean_prob, Some(1.0));
+        assert_eq!(g.kendall_similarity, Some(-1.0));
+        assert_eq!(g.auc_similarity, Some(0.0));
+        assert_eq!(g.kendall_soft_label, g.kendall_clean_prob);
+        assert_eq!((g.n, g.top, g.bottom, g.skipped), (6, 2, 2, 0));
+    }
+
+    #[test]
+    fn thirds_keep_ties_whole() {
+        // 1,1,1,2,2,3,3,3,3: the bottom third's edge is 1, the top's 3.
+        let t = Thirds::of(&[1.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 3.0, 3.0]);
+        assert_eq!((t.top(), t.bottom()), (4, 3));
+        // Both edges in the middle tie: above it and below it.
+        let t = Thirds::of(&[1.0, 2.0, 2.0, 2.0, 2.0, 3.0]);
+        assert_eq!((t.top(), t.bottom()), (1, 1));
+        // Two values only: each its own side.
+        let t = Thirds::of(&[0.0, 1.0, 1.0, 0.0]);
+        assert_eq!((t.top(), t.bottom()), (2, 2));
+    }
+
+    fn truth_file(dir: &std::path::Path, column: arrow_array::ArrayRef) -> std::path::PathBuf {
+        use std::sync::Arc;
+        let n = column.len();
+        let keys: arrow_array::ArrayRef = Arc::new(StringArray::from(
+            (0..n).map(|i| format!("k{i}")).collect::<Vec<_>>(),
+        ));
+        let batch = arrow_array::RecordBatch::try_from_iter([("key", keys), ("rating", column)])
+            .expect("batch");
+        let path = dir.join("truth.parquet");
+        let file = File::create(&path).expect("create");
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).expect("writer");
+        w.write(&batch).expect("write");
+        w.close().expect("close");
+        path
+    }
+
+    #[test]
+    fn numeric_truth_is_graded_and_bad_truth_is_refused_by_name() {
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ints: arrow_array::ArrayRef = Arc::new(Int32Array::from(vec![1, 4, 2]));
+        let p = truth_file(dir.path(), ints);
+        let t = read_truth(&p, "rating", None).expect("graded truth");
+        assert_eq!(
+            t,
+            Truth::Graded(graded(&[("k0", 1.0), ("k1", 4.0), ("k2", 2.0)]))
+        );
+        let message = |column: arrow_array::ArrayRef| {
+            let p = truth_file(dir.path(), column);
+            read_truth(&p, "rating", None)
+                .expect_err("refused")
+                .to_string()
+        };
+        let m = message(Arc::new(arrow_array::Float64Array::from(vec![
+            1.0,
+            f64::NAN,
+            2.0,
+        ])));
+        assert!(m.contains("\"rating\"") && m.contains("row 1"), "{m}");
+        let m = message(Arc::new(arrow_array::Float64Array::from(vec![
+            Some(1.0),
+            None,
+        ])));
+        assert!(m.contains("null in row 1"), "{m}");
+        let m = message(Arc::new(arrow_array::Float32Array::from(vec![
+            3.0, 3.0, 3.0,
+        ])));
+        assert!(m.contains("one value for every row"), "{m}");
+        let m = message(Arc::new(StringArray::from(vec!["good", "bad"])));
+        assert!(
+            m.contains("\"rating\" is Utf8") && m.contains("numeric"),
+            "{m}"
+        );
+        // Booleans stay detection truth.
+        let p = truth_file(dir.path(), Arc::new(BooleanArray::from(vec![true, false])));
+        assert_eq!(
+            read_truth(&p, "rating", None).expect("boolean truth"),
+            Truth::Noisy(truth(&[("k0", true), ("k1", false)]))
+        );
     }
 }
