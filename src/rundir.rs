@@ -144,6 +144,41 @@ pub fn check_not_an_input(out: &Path, files: &[PathBuf], flag: &str) -> Result<(
     Ok(())
 }
 
+/// Refuse (exit 2) an output file that the next run over the same DATA
+/// `args` would read as one more shard: a `*.parquet` or `*.tar` inside a
+/// directory (or a glob's directory) that `args` list, with no hidden
+/// component between (directory listing skips those).
+pub fn check_not_in_input_dir(out: &Path, args: &[PathBuf], flag: &str) -> Result<()> {
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if !(name.ends_with(".parquet") || name.ends_with(".tar")) {
+        return Ok(());
+    }
+    let out_real = real(&absolute(out)?);
+    for d in listed_dirs(args) {
+        let dir = real(&absolute(&d)?);
+        let Ok(rest) = out_real.strip_prefix(&dir) else {
+            continue;
+        };
+        if rest
+            .components()
+            .any(|c| c.as_os_str().to_string_lossy().starts_with('.'))
+        {
+            continue;
+        }
+        return Err(Error::Usage(format!(
+            "{flag} {} is inside the input directory {}: the next run over {} would read it as \
+             one more shard (its rows twice, its keys repeated); write it outside that directory",
+            out.display(),
+            d.display(),
+            d.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Whether `dir` holds an ncclean run (its `run.json` names a version).
 pub fn is_run(dir: &Path) -> bool {
     crate::small_file::read(

@@ -371,7 +371,15 @@ pub fn run(
         // Temporaries of killed workers are removed; a live one's are left.
         crate::temp::sweep(&path)?;
         crate::temp::sweep(&marker)?;
-        let input = open(&shard.path)?;
+        let input = match open(&shard.path) {
+            Ok(input) => input,
+            // An empty shard has nothing to write; the others go on.
+            Err(_) if data::is_empty_shard(&shard.path) => {
+                crate::progress::warn_once(&data::EmptyShard(&shard.path).to_string());
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let fingerprint = input.fingerprint()?;
         let source = source(shard)?;
         if let Some(m) = read_marker(out_dir, &shard.stem) {

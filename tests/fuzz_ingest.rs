@@ -1,4 +1,5 @@
-//! Fuzzing ingestion: parquet bytes, image bytes and captions.
+//! Fuzzing ingestion: parquet bytes, image bytes and captions, and tar
+//! shards (headers, GNU long names, pax records, damage, truncation).
 //!
 //! The invariant, for any input: opening either fails cleanly as invalid
 //! input (exit 3), or every row of every file comes out of the reader,
@@ -12,6 +13,15 @@
 //! row-group sizes, dictionaries and codecs), then often byte-mutated (bits
 //! flipped, bytes set, runs zeroed, ranges spliced, the file truncated).
 //! The whole library path runs in-process for throughput.
+//!
+//! Tar shards are built member by member (plain, long and unsafe names;
+//! GNU long-name and pax extension headers, junk pax records; members in
+//! any order, keys repeated), then damaged where it counts: a header's
+//! checksum broken, an extension header over 1 MiB, a header zeroed, the
+//! file cut anywhere. The invariant there: every member written is
+//! accounted for, as a row of its sample's key when its header is intact,
+//! else inside the byte span of a row for a lost stretch; the filtered copy
+//! holds only kept samples' members, none named with `..` or a leading `/`.
 //!
 //! It runs for `NCCLEAN_FUZZ_SECS` seconds (default 60), in rounds of
 //! `ROUND_CASES` cases whose seeds follow from the round number, so a run
@@ -47,6 +57,8 @@ use proptest::test_runner::{
 /// Where failing cases are kept (relative to the package root, the tests'
 /// working directory).
 const REGRESSIONS: &str = "tests/fuzz_ingest.proptest-regressions";
+/// The same for the tar cases.
+const TAR_REGRESSIONS: &str = "tests/fuzz_ingest_tar.proptest-regressions";
 /// Cases per proptest round.
 const ROUND_CASES: u32 = 32;
 /// Peak resident memory the process may reach (the tests' own memory
@@ -620,4 +632,419 @@ fn the_cli_survives_damaged_files() {
             assert_eq!(labels.len(), set.num_rows(), "{name}");
         }
     }
+}
+
+/// How a tar member's name is formed from its sample number.
+#[derive(Debug, Clone, Copy)]
+enum NameForm {
+    Plain,
+    InDir,
+    /// Over the 100 bytes of a ustar name field.
+    Long,
+    /// `..` or a leading `/`.
+    Unsafe(bool),
+}
+
+/// Extension headers written before a member.
+#[derive(Debug, Clone)]
+enum TarExt {
+    None,
+    GnuLong,
+    PaxPath,
+    /// `size` and `path` records, as writers of large members do.
+    PaxSize,
+    /// Random record bytes (no valid `path` or `size` record).
+    PaxJunk(Vec<u8>),
+}
+
+/// What is done to a member's blocks.
+#[derive(Debug, Clone, Copy)]
+enum TarDamage {
+    None,
+    /// One byte of the name field flipped: the checksum fails.
+    BadChecksum(u8),
+    /// A GNU long name (`true`) or pax header of over 1 MiB before it.
+    Oversized(bool),
+    /// The header block zeroed (at most one per case).
+    ZeroHeader,
+}
+
+#[derive(Debug, Clone)]
+struct TarMemberCase {
+    sample: usize,
+    ext: &'static str,
+    data: Vec<u8>,
+    how: TarExt,
+    damage: TarDamage,
+}
+
+#[derive(Debug, Clone)]
+struct TarCase {
+    forms: Vec<NameForm>,
+    members: Vec<TarMemberCase>,
+    cut: Option<Index>,
+}
+
+fn tar_member(samples: usize) -> impl Strategy<Value = TarMemberCase> {
+    (
+        0..samples,
+        prop::sample::select(vec!["jpg", "png", "txt", "json", "cls"]),
+        // No zero bytes: a data block of zeros next to a zeroed header
+        // would be a legal end-of-archive marker.
+        prop::collection::vec(1u8..=255, 0..1500),
+        prop_oneof![
+            6 => Just(TarExt::None),
+            1 => Just(TarExt::GnuLong),
+            1 => Just(TarExt::PaxPath),
+            1 => Just(TarExt::PaxSize),
+            1 => prop::collection::vec(any::<u8>(), 0..200).prop_map(TarExt::PaxJunk),
+        ],
+        prop_oneof![
+            12 => Just(TarDamage::None),
+            2 => (0u8..100).prop_map(TarDamage::BadChecksum),
+            1 => any::<bool>().prop_map(TarDamage::Oversized),
+            1 => Just(TarDamage::ZeroHeader),
+        ],
+    )
+        .prop_map(|(sample, ext, data, how, damage)| TarMemberCase {
+            sample,
+            ext,
+            data,
+            how,
+            damage,
+        })
+}
+
+fn tar_case() -> impl Strategy<Value = TarCase> {
+    (1usize..10).prop_flat_map(|samples| {
+        (
+            prop::collection::vec(
+                prop_oneof![
+                    6 => Just(NameForm::Plain),
+                    2 => Just(NameForm::InDir),
+                    1 => Just(NameForm::Long),
+                    1 => any::<bool>().prop_map(NameForm::Unsafe),
+                ],
+                samples,
+            ),
+            prop::collection::vec(tar_member(samples), 1..30),
+            proptest::option::weighted(0.4, any::<Index>()),
+        )
+            .prop_map(|(forms, members, cut)| TarCase {
+                forms,
+                members,
+                cut,
+            })
+    })
+}
+
+fn sample_key(form: NameForm, i: usize) -> String {
+    match form {
+        NameForm::Plain => format!("{i:04}"),
+        NameForm::InDir => format!("d{i}/{i:04}"),
+        NameForm::Long => format!("{}/{i:04}", "l".repeat(120)),
+        NameForm::Unsafe(true) => format!("../{i:04}"),
+        NameForm::Unsafe(false) => format!("/abs/{i:04}"),
+    }
+}
+
+/// A ustar header with its checksum.
+fn ustar_header(name: &[u8], size: u64, kind: u8) -> [u8; 512] {
+    let mut h = [0u8; 512];
+    let n = name.len().min(100);
+    h[..n].copy_from_slice(&name[..n]);
+    h[100..107].copy_from_slice(b"0000644");
+    h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+    h[156] = kind;
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[148..156].fill(b' ');
+    let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    h
+}
+
+fn push_entry(tar: &mut Vec<u8>, name: &[u8], data: &[u8], kind: u8) -> usize {
+    let at = tar.len();
+    tar.extend_from_slice(&ustar_header(name, data.len() as u64, kind));
+    tar.extend_from_slice(data);
+    tar.resize(tar.len().div_ceil(512) * 512, 0);
+    at
+}
+
+/// A pax record: `<len> <key>=<value>\n`, the length counting itself.
+fn pax_record(key: &str, value: &str) -> Vec<u8> {
+    let body = format!("{key}={value}\n");
+    let n = (1..20)
+        .map(|d| body.len() + 1 + d)
+        .find(|n| n.to_string().len() + 1 + body.len() == *n)
+        .unwrap_or(0);
+    format!("{n} {body}").into_bytes()
+}
+
+/// A member as written: its sample key, where its first block and its
+/// header are, and whether its header is intact.
+struct Written {
+    key: String,
+    start: usize,
+    header: usize,
+    intact: bool,
+}
+
+/// The tar bytes of `case` and what was written where.
+fn tar_bytes(case: &TarCase) -> (Vec<u8>, Vec<Written>) {
+    let mut tar = Vec::new();
+    let mut written = Vec::new();
+    let mut zeroed = false;
+    for m in &case.members {
+        let key = sample_key(case.forms[m.sample], m.sample);
+        let name = format!("{key}.{}", m.ext);
+        let start = tar.len();
+        let big = 1_100_000;
+        if let TarDamage::Oversized(gnu) = m.damage {
+            if gnu {
+                push_entry(&mut tar, b"././@LongLink", &vec![b'a'; big], b'L');
+            } else {
+                push_entry(
+                    &mut tar,
+                    b"pax",
+                    &pax_record("comment", &"v".repeat(big)),
+                    b'x',
+                );
+            }
+        }
+        let how = match (&m.how, name.len() > 100) {
+            (TarExt::None | TarExt::PaxJunk(_), true) => &TarExt::GnuLong,
+            (how, _) => how,
+        };
+        match how {
+            TarExt::None => {}
+            TarExt::GnuLong => {
+                let mut long = name.clone().into_bytes();
+                long.push(0);
+                push_entry(&mut tar, b"././@LongLink", &long, b'L');
+            }
+            TarExt::PaxPath => {
+                push_entry(&mut tar, b"pax", &pax_record("path", &name), b'x');
+            }
+            TarExt::PaxSize => {
+                let mut r = pax_record("size", &m.data.len().to_string());
+                r.extend(pax_record("path", &name));
+                push_entry(&mut tar, b"pax", &r, b'x');
+            }
+            TarExt::PaxJunk(junk) => {
+                push_entry(&mut tar, b"pax", junk, b'x');
+            }
+        }
+        let header = push_entry(&mut tar, name.as_bytes(), &m.data, b'0');
+        let intact = match m.damage {
+            TarDamage::None => true,
+            TarDamage::Oversized(_) => false,
+            TarDamage::BadChecksum(i) => {
+                tar[header + usize::from(i)] ^= 0x01;
+                false
+            }
+            TarDamage::ZeroHeader if !zeroed => {
+                zeroed = true;
+                tar[header..header + 512].fill(0);
+                false
+            }
+            // A second zeroed header could make a legal end marker.
+            TarDamage::ZeroHeader => {
+                tar[header] ^= 0x01;
+                false
+            }
+        };
+        written.push(Written {
+            key,
+            start,
+            header,
+            intact,
+        });
+    }
+    tar.extend_from_slice(&[0u8; 1024]);
+    if let Some(cut) = &case.cut {
+        let at = cut.index(tar.len());
+        tar.truncate(at);
+    }
+    (tar, written)
+}
+
+/// `start..end` of a lost stretch's row, from its problem.
+fn lost_span(problem: &str) -> Option<(usize, usize)> {
+    let rest = problem.strip_prefix("bytes ")?;
+    let (span, _) = rest.split_once(' ')?;
+    let (a, b) = span.split_once("..")?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// The tar ingestion path over one case, checking the invariant.
+fn ingest_tar(path: &Path, written: &[Written]) -> Result<(), TestCaseError> {
+    let len = std::fs::metadata(path)
+        .map_err(|e| fail(e.to_string()))?
+        .len() as usize;
+    let set = match InputSet::open(&[path.to_path_buf()], &ColumnOptions::default()) {
+        Ok(set) => set,
+        Err(e) if e.exit_code() == 3 => {
+            // Refused only when nothing in it is a sample: then no intact
+            // member header may be in the file.
+            if let Some(w) = written.iter().find(|w| w.intact && w.header + 512 <= len) {
+                return Err(fail(format!(
+                    "refused ({e}) though the member of {} at byte {} is intact",
+                    w.key, w.header
+                )));
+            }
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(fail(format!(
+                "open failed with exit {}: {e}",
+                e.exit_code()
+            )))
+        }
+    };
+    let rows: usize = set.num_rows();
+    let mut keys = std::collections::HashSet::new();
+    let mut spans = Vec::new();
+    let mut keep = Vec::new();
+    let mut next = 0;
+    for batch in set.pairs(3) {
+        let batch = batch.map_err(|e| fail(format!("reading pairs failed: {e}")))?;
+        for r in batch {
+            if r.source_row != next {
+                return Err(fail(format!("row {next} came out as row {}", r.source_row)));
+            }
+            next += 1;
+            match &r.problem {
+                Some(p) => {
+                    if let Some(span) = lost_span(p) {
+                        spans.push(span);
+                    }
+                    keep.push(false);
+                }
+                None if r.image.is_none() => {
+                    return Err(fail(format!(
+                        "row {} has no image and no problem",
+                        r.source_row
+                    )))
+                }
+                None => keep.push(true),
+            }
+            keys.insert(r.key);
+        }
+    }
+    if next != rows {
+        return Err(fail(format!(
+            "{next} rows came out, the header scan counted {rows}"
+        )));
+    }
+    // A lone zero block at the end of what is left is a legal end marker.
+    let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+    let zero_block = |at: usize| {
+        bytes
+            .get(at..at + 512)
+            .is_some_and(|b| b.iter().all(|&x| x == 0))
+    };
+    let ended_at = written
+        .iter()
+        .find(|w| zero_block(w.header) && (w.header + 1024 > len || zero_block(w.header + 512)))
+        .map(|w| w.header);
+    for w in written {
+        if w.start >= len || ended_at.is_some_and(|e| w.header >= e) {
+            continue;
+        }
+        let covered = spans.iter().any(|&(a, b)| {
+            (a..b.max(a + 1)).contains(&w.header) || (a..b.max(a + 1)).contains(&w.start)
+        });
+        let whole_header = w.header + 512 <= len;
+        let ok = if w.intact && whole_header {
+            keys.contains(&w.key)
+        } else {
+            covered
+        };
+        if !ok {
+            return Err(fail(format!(
+                "the member of {} (first block at {}, header at {}, intact {}) has no row: keys {keys:?}, lost spans {spans:?}",
+                w.key, w.start, w.header, w.intact
+            )));
+        }
+    }
+    // The filtered copy holds kept samples' members only, none unsafe.
+    let out = path.with_file_name("filtered.tar");
+    let kept = keep.iter().filter(|&&k| k).count();
+    let s = ncclean::data::write_filtered_tar_shard(path, &keep, &out)
+        .map_err(|e| fail(format!("filter failed with exit {}: {e}", e.exit_code())))?;
+    // A kept sample may also be counted as dropped: it lost a member (one
+    // it does not need) to the end of the file.
+    if s.rows_out > kept || s.rows_out + s.dropped < kept || s.rows_in != rows {
+        return Err(fail(format!(
+            "filter kept {kept} of {rows} rows but wrote {} and dropped {} of {}",
+            s.rows_out, s.dropped, s.rows_in
+        )));
+    }
+    let mut archive =
+        tar::Archive::new(std::fs::File::open(&out).map_err(|e| fail(e.to_string()))?);
+    for e in archive.entries().map_err(|e| fail(e.to_string()))? {
+        let e = e.map_err(|e| fail(format!("the filtered tar does not read back: {e}")))?;
+        let raw = String::from_utf8_lossy(&e.path_bytes()).into_owned();
+        if raw.starts_with('/') || raw.split('/').any(|c| c == "..") {
+            return Err(fail(format!("the filtered tar holds {raw}")));
+        }
+    }
+    Ok(())
+}
+
+fn run_tar_case(case: &TarCase) -> Result<(), TestCaseError> {
+    let dir = tempfile::tempdir().map_err(|e| fail(e.to_string()))?;
+    let path: PathBuf = dir.path().join("shard.tar");
+    let (bytes, written) = tar_bytes(case);
+    std::fs::write(&path, bytes).map_err(|e| fail(e.to_string()))?;
+    match std::panic::catch_unwind(AssertUnwindSafe(|| ingest_tar(&path, &written))) {
+        Ok(r) => r?,
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            return Err(fail(format!("tar ingestion panicked: {msg}")));
+        }
+    }
+    let rss = peak_rss_kb();
+    if rss > MAX_RSS_KB {
+        return Err(fail(format!(
+            "peak resident memory {rss} kB exceeds {MAX_RSS_KB} kB"
+        )));
+    }
+    Ok(())
+}
+
+#[test]
+fn tar_ingestion_accounts_for_every_member() {
+    limit_address_space();
+    let budget = budget();
+    let start = Instant::now();
+    let mut round = 0u64;
+    while round == 0 || start.elapsed() < budget {
+        let config = Config {
+            cases: ROUND_CASES,
+            failure_persistence: Some(Box::new(FileFailurePersistence::Direct(TAR_REGRESSIONS))),
+            max_shrink_iters: 512,
+            ..Config::default()
+        };
+        let mut seed = [0u8; 32];
+        seed[..8].copy_from_slice(&round.to_le_bytes());
+        seed[8] = 0x7a;
+        let mut runner =
+            TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
+        if let Err(e) = runner.run(&tar_case(), |case| run_tar_case(&case)) {
+            panic!("round {round}: {e}");
+        }
+        round += 1;
+    }
+    eprintln!(
+        "fuzzed {} tar cases in {:.1}s; peak RSS {} MiB",
+        u64::from(ROUND_CASES) * round,
+        start.elapsed().as_secs_f64(),
+        peak_rss_kb() / 1024
+    );
 }

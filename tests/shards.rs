@@ -436,3 +436,204 @@ fn the_ray_driver_scores_every_shard_and_writes_a_summary() {
     let s = run_driver();
     assert_eq!(s["skipped_shards"].as_u64(), Some(8));
 }
+
+/// 3 embedding shards `demo-0000{0,1,2}.parquet` plus an empty one (the
+/// same columns, 0 rows) that sorts between them, and a checkpoint trained
+/// on the three.
+fn shards_with_an_empty_one(dir: &Path) -> (PathBuf, PathBuf) {
+    let data = dir.join("data");
+    ok(&[
+        "demo",
+        "--out",
+        p(&data),
+        "--pairs",
+        "300",
+        "--embedding-dim",
+        "16",
+        "--shards",
+        "3",
+    ]);
+    let run = dir.join("run");
+    let out = quick_fit(&data, &run, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let first = std::fs::File::open(data.join("demo-00000.parquet")).unwrap();
+    let schema = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(first)
+        .unwrap()
+        .schema()
+        .clone();
+    let empty = std::fs::File::create(data.join("demo-00001-empty.parquet")).unwrap();
+    parquet::arrow::ArrowWriter::try_new(empty, schema, None)
+        .unwrap()
+        .close()
+        .unwrap();
+    (data, run)
+}
+
+/// Issue #34 item 6: an empty shard (img2dataset writes one when every
+/// download of a shard fails) is passed over with a warning by every
+/// command, never the end of a multi-shard run.
+#[test]
+fn an_empty_shard_is_passed_over_with_a_warning_by_every_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, run) = shards_with_an_empty_one(tmp.path());
+    let warned = |out: &std::process::Output| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert!(
+            err.contains("demo-00001-empty.parquet: holds no rows (an empty shard"),
+            "{err}"
+        );
+    };
+    let out = ncclean(&["inspect", p(&data), "--json"]);
+    warned(&out);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["rows"], 300);
+    warned(&quick_fit(&data, &tmp.path().join("run2"), &[]));
+    let scored = tmp.path().join("scored.parquet");
+    warned(&ncclean(&[
+        "score",
+        p(&data),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&scored),
+    ]));
+    assert_eq!(read_labels(&scored).unwrap().0.len(), 300);
+    let labels_dir = tmp.path().join("labels");
+    let out = ncclean(&[
+        "score",
+        p(&data),
+        "--checkpoint",
+        p(&run),
+        "--out-dir",
+        p(&labels_dir),
+    ]);
+    warned(&out);
+    for name in ["demo-00000", "demo-00001", "demo-00002"] {
+        assert!(
+            labels_dir.join(format!("{name}.parquet")).exists(),
+            "{name}"
+        );
+    }
+    assert!(!labels_dir.join("demo-00001-empty.parquet").exists());
+    warned(&ncclean(&[
+        "filter",
+        p(&data),
+        "--labels",
+        p(&labels_dir),
+        "--out-dir",
+        p(&tmp.path().join("f")),
+        "--min-prob",
+        "0.5",
+    ]));
+    warned(&ncclean(&[
+        "filter",
+        p(&data),
+        "--labels",
+        p(&scored),
+        "--out",
+        p(&tmp.path().join("f.parquet")),
+    ]));
+
+    // Every shard empty: invalid input naming one.
+    let only = tmp.path().join("only");
+    std::fs::create_dir_all(&only).unwrap();
+    std::fs::copy(
+        data.join("demo-00001-empty.parquet"),
+        only.join("e.parquet"),
+    )
+    .unwrap();
+    let out = ncclean(&["inspect", p(&only)]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("e.parquet: has no rows"));
+}
+
+/// Issue #34 item 8: `score --out` and `filter --out` inside an input
+/// directory are refused before any work (the next run would read the
+/// output as one more shard); hidden names and other extensions are fine.
+#[test]
+fn outputs_inside_an_input_directory_are_refused_up_front() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, run) = shards_with_an_empty_one(tmp.path());
+    let glob = data.join("demo-*.parquet");
+    for (args, flag) in [
+        (
+            vec!["score", p(&data), "--checkpoint", p(&run), "--out"],
+            "--out",
+        ),
+        (
+            vec!["score", p(&glob), "--checkpoint", p(&run), "--out"],
+            "--out",
+        ),
+        (
+            vec![
+                "filter",
+                p(&data),
+                "--labels",
+                p(&run.join("labels.parquet")),
+                "--out",
+            ],
+            "--out",
+        ),
+    ] {
+        let out_path = data.join("labels.parquet");
+        let mut args = args.clone();
+        args.push(p(&out_path));
+        let out = ncclean(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!(
+                "{flag} {} is inside the input directory",
+                out_path.display()
+            )) && err.contains("write it outside that directory"),
+            "{err}"
+        );
+        assert!(!out_path.exists());
+    }
+    // A hidden file is not read as a shard: accepted.
+    ok(&[
+        "score",
+        p(&data),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&data.join(".labels.parquet")),
+    ]);
+}
+
+/// Issue #34 item 10: a FIFO or a device given as DATA is named for what it
+/// is (not "file is empty"), without waiting on it.
+#[test]
+fn a_fifo_or_device_as_data_is_named_for_what_it_is() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("pipe.parquet");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let fifo_tar = tmp.path().join("pipe.tar");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo_tar)
+        .status()
+        .unwrap()
+        .success());
+    for (path, what) in [
+        (
+            Path::new("/dev/zero"),
+            "is a character device, not a regular file",
+        ),
+        (fifo.as_path(), "is a named pipe (FIFO), not a regular file"),
+        (
+            fifo_tar.as_path(),
+            "is a named pipe (FIFO), not a regular file",
+        ),
+    ] {
+        let out = ncclean(&["inspect", p(path)]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{err}");
+        assert!(err.contains(what) && !err.contains("empty"), "{err}");
+    }
+}

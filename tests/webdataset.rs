@@ -480,3 +480,248 @@ fn score_without_data_reads_a_tar_run_as_fit_read_it() {
     };
     assert_eq!(view(&again), view(&fitted));
 }
+
+/// A ustar header block: `name` (under 100 bytes), `size` data bytes, type
+/// `kind`, with its checksum.
+fn raw_header(name: &str, size: u64, kind: u8) -> [u8; 512] {
+    let mut h = [0u8; 512];
+    h[..name.len()].copy_from_slice(name.as_bytes());
+    h[100..107].copy_from_slice(b"0000644");
+    h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+    h[136..147].copy_from_slice(b"00000000000");
+    h[156] = kind;
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].fill(b' ');
+    let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    h
+}
+
+/// Append an entry (header, data, padding) to a tar being built.
+fn raw_entry(tar: &mut Vec<u8>, name: &str, data: &[u8], kind: u8) {
+    tar.extend_from_slice(&raw_header(name, data.len() as u64, kind));
+    tar.extend_from_slice(data);
+    tar.resize(tar.len().div_ceil(512) * 512, 0);
+}
+
+/// Issue #34 item 2: a header with a bad checksum, a GNU long name and a
+/// pax header over 1 MiB each cost only the members they hold; reading goes
+/// on at the next valid header, and each lost stretch is a skipped row, so
+/// `--max-skipped 0` fails.
+#[test]
+fn tar_damage_costs_only_its_members_each_lost_stretch_a_skipped_row() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shard = tmp.path().join("shards/00000.tar");
+    std::fs::create_dir_all(shard.parent().unwrap()).unwrap();
+    let big = 1_100_000;
+    let mut tar = Vec::new();
+    for (name, data) in demo_members(0..20, |_, m| Some(m)) {
+        if name == "demo-000012.png" {
+            let mut long = "x/".repeat(big / 2).into_bytes();
+            long.extend_from_slice(name.as_bytes());
+            raw_entry(&mut tar, "././@LongLink", &long, b'L');
+        }
+        if name == "demo-000016.json" {
+            let value = "v".repeat(big);
+            let record = format!("comment={value}\n");
+            // The length counts its own digits.
+            let n = (1..20)
+                .map(|d| record.len() + 1 + d)
+                .find(|n| format!("{n} {record}").len() == *n)
+                .unwrap();
+            raw_entry(&mut tar, "pax", format!("{n} {record}").as_bytes(), b'x');
+        }
+        let at = tar.len();
+        raw_entry(&mut tar, &name, &data, b'0');
+        if name == "demo-000005.txt" {
+            tar[at + 3] ^= 0x20;
+        }
+    }
+    tar.extend_from_slice(&[0u8; 1024]);
+    std::fs::write(&shard, &tar).unwrap();
+
+    let run = tmp.path().join("run");
+    let out = quick_fit(&shard, &run, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("checksum mismatch"),
+        "{}",
+        stderr(&out)
+    );
+    let got = labels(&run.join("labels.parquet"));
+    // Every sample has its row, and each of the three stretches one more.
+    assert_eq!(got.len(), 23, "{got:?}");
+    for i in 0..20 {
+        let key = format!("demo-{i:06}");
+        let l = got.iter().find(|l| l.key == key).unwrap();
+        let usable = !matches!(i, 5 | 12);
+        assert_eq!(l.status == RowStatus::Ok, usable, "{l:?}");
+    }
+    let lost: Vec<&LabelRow> = got
+        .iter()
+        .filter(|l| l.key.starts_with("00000.tar@"))
+        .collect();
+    assert_eq!(lost.len(), 3, "{got:?}");
+    for (l, why) in lost
+        .iter()
+        .zip(["checksum mismatch", "GNU long name", "pax header"])
+    {
+        assert_eq!(l.status, RowStatus::Skipped);
+        let e = l.error.as_deref().unwrap();
+        assert!(e.starts_with("bytes ") && e.contains(why), "{e}");
+    }
+
+    // Every lost member is a skipped row: --max-skipped 0 fails (exit 4).
+    let out = quick_fit(&shard, &tmp.path().join("run0"), &["--max-skipped", "0"]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+
+    // The filtered shard holds the clean samples' members only.
+    let clean = tmp.path().join("clean.tar");
+    ok(&[
+        "filter",
+        p(&shard),
+        "--labels",
+        p(&run.join("labels.parquet")),
+        "--out",
+        p(&clean),
+    ]);
+    let kept = members_of(&clean);
+    let clean_keys: Vec<&str> = got
+        .iter()
+        .filter(|l| l.is_clean)
+        .map(|l| l.key.as_str())
+        .collect();
+    assert!(!clean_keys.is_empty());
+    for (name, _) in &kept {
+        assert!(
+            clean_keys.contains(&name.split('.').next().unwrap()),
+            "{name}"
+        );
+    }
+    assert!(kept.len() >= 2 * clean_keys.len(), "{kept:?}");
+}
+
+/// Issue #34 item 3: a key that repeats within a few samples makes two
+/// samples, never one merged row: `fit` refuses the repeated key, and
+/// `filter` writes no member of a pair that has no label of its own.
+#[test]
+fn a_key_repeated_within_the_window_is_two_samples_never_merged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let clean = tmp.path().join("clean/00000.tar");
+    write_tar(&clean, &demo_members(0..30, |_, m| Some(m)));
+    let run = tmp.path().join("run");
+    let out = quick_fit(&clean, &run, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // Sample 3's members carry sample 1's key.
+    let dup = tmp.path().join("dup/00000.tar");
+    write_tar(
+        &dup,
+        &demo_members(0..30, |i, (name, data)| {
+            Some(match i {
+                3 => (name.replace("demo-000003", "demo-000001"), data),
+                _ => (name, data),
+            })
+        }),
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", p(&dup), "--json", "--no-decode"])).unwrap();
+    assert_eq!(
+        (v["rows"].as_u64(), v["duplicate_keys"].as_u64()),
+        (Some(30), Some(1)),
+        "{v}"
+    );
+    let out = quick_fit(&dup, &tmp.path().join("run-dup"), &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("demo-000001"), "{}", stderr(&out));
+
+    // Scored with a checkpoint, the repeat is its own row with the reason;
+    // filter refuses labels that cannot be told apart, writing nothing.
+    let scored = tmp.path().join("scored.parquet");
+    ok(&[
+        "score",
+        p(&dup),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&scored),
+    ]);
+    let got = labels(&scored);
+    assert_eq!(got.len(), 30);
+    assert_eq!(got[3].key, "demo-000001");
+    assert!(
+        got[3]
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("the key demo-000001 repeats"),
+        "{:?}",
+        got[3]
+    );
+    let out_tar = tmp.path().join("kept.tar");
+    let out = ncclean(&[
+        "filter",
+        p(&dup),
+        "--labels",
+        p(&scored),
+        "--out",
+        p(&out_tar),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(!out_tar.exists());
+}
+
+/// Issue #34 item 10: member names with `..` or a leading `/` are skipped
+/// rows saying why, and never copied into a filtered tar.
+#[test]
+fn member_names_that_climb_out_are_skipped_and_never_copied() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shard = tmp.path().join("shards/00000.tar");
+    std::fs::create_dir_all(shard.parent().unwrap()).unwrap();
+    let mut tar = Vec::new();
+    for (name, data) in demo_members(0..30, |_, m| Some(m)) {
+        let name = match &name[..11] {
+            "demo-000002" => format!("../{name}"),
+            "demo-000004" => format!("/tmp/{name}"),
+            _ => name,
+        };
+        raw_entry(&mut tar, &name, &data, b'0');
+    }
+    tar.extend_from_slice(&[0u8; 1024]);
+    std::fs::write(&shard, &tar).unwrap();
+    let run = tmp.path().join("run");
+    let out = quick_fit(&shard, &run, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = labels(&run.join("labels.parquet"));
+    assert_eq!(got.len(), 30);
+    for (i, key) in [(2, "../demo-000002"), (4, "/tmp/demo-000004")] {
+        assert_eq!(got[i].key, key);
+        assert_eq!(got[i].status, RowStatus::Skipped);
+        assert!(
+            got[i]
+                .error
+                .as_deref()
+                .unwrap()
+                .contains("'..' or a leading '/'"),
+            "{:?}",
+            got[i]
+        );
+    }
+    let clean = tmp.path().join("clean.tar");
+    ok(&[
+        "filter",
+        p(&shard),
+        "--labels",
+        p(&run.join("labels.parquet")),
+        "--out",
+        p(&clean),
+    ]);
+    let kept = members_of(&clean);
+    assert!(!kept.is_empty());
+    assert!(
+        kept.iter()
+            .all(|(n, _)| !n.starts_with('/') && !n.contains("..")),
+        "{kept:?}"
+    );
+}

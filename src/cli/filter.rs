@@ -281,6 +281,7 @@ fn run_one(a: &FilterArgs, out: &Path, rep: &Reporter) -> Result<()> {
     let mut read: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
     read.push(a.labels.clone());
     crate::rundir::check_not_an_input(out, &read, "--out")?;
+    crate::rundir::check_not_in_input_dir(out, &a.data.data, "--out")?;
     if let Some(path) = &a.uids_out {
         crate::rundir::check_not_an_input(path, &read, "--uids-out")?;
     }
@@ -356,6 +357,11 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         None => {
             let mut pairs = Vec::new();
             for s in a.shards.select_all(&a.data.data, a.data.discovery())? {
+                // An empty shard has no labels (score passed over it).
+                let path = labels_of(&s.stem);
+                if !path.exists() && data::is_empty_shard(&s.path) {
+                    continue;
+                }
                 let (l, _) = data::read_labels(&labels_of(&s.stem))?;
                 pairs.extend(Ranked::labelled(&l));
             }

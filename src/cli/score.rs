@@ -238,8 +238,10 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
         .open_options(&engine.input_options(a.data.options_with(&a.images)))?;
     let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
     crate::rundir::check_not_an_input(out, &files, "--out")?;
+    crate::rundir::check_not_in_input_dir(out, &a.data.data, "--out")?;
     if let Some(f) = &a.filtered {
         crate::rundir::check_not_an_input(f, &files, "--filtered")?;
+        crate::rundir::check_not_in_input_dir(f, &a.data.data, "--filtered")?;
         // The filtered file holds every input column: differing shards are
         // refused before anything is scored.
         data::check_same_schema(&input)?;

@@ -166,6 +166,88 @@ fn directory(dir: &Path, how: Discovery) -> Result<Vec<PathBuf>> {
     Ok(found)
 }
 
+/// The length of the data file `path`, which must be a regular file (or a
+/// link to one): a pipe, device or socket cannot be read as a parquet file
+/// or a tar shard (both are read by seeking), and its length says nothing,
+/// so it is named for what it is.
+pub(crate) fn regular_file_len(path: &Path) -> Result<u64> {
+    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    let what = file_kind(&meta.file_type());
+    Err(invalid(format!(
+        "{}: is {what}, not a regular file; give a parquet file or tar shard on disk \
+         (copy a stream to a file first)",
+        path.display()
+    )))
+}
+
+/// `files` without the empty ones (0 rows), each named in a warning: a
+/// multi-shard dataset may hold empty shards (img2dataset writes one when
+/// every download of a shard fails), and they must not stop the others.
+/// When every file is empty, the first one's path is the error.
+pub(crate) fn skip_empty<F>(
+    files: Vec<F>,
+    rows: impl Fn(&F) -> usize,
+    path: impl Fn(&F) -> &Path,
+) -> std::result::Result<Vec<F>, PathBuf> {
+    if files.iter().all(|f| rows(f) == 0) {
+        return Err(files
+            .first()
+            .map(|f| path(f).to_path_buf())
+            .unwrap_or_default());
+    }
+    Ok(files
+        .into_iter()
+        .filter(|f| {
+            let empty = rows(f) == 0;
+            if empty {
+                crate::progress::warn_once(&EmptyShard(path(f)).to_string());
+            }
+            !empty
+        })
+        .collect())
+}
+
+/// The warning for an empty shard that is passed over.
+pub(crate) struct EmptyShard<'a>(pub &'a Path);
+
+impl std::fmt::Display for EmptyShard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: holds no rows (an empty shard, as img2dataset writes when every download of a shard fails); passed over",
+            self.0.display()
+        )
+    }
+}
+
+/// A file type in words, for [`regular_file_len`].
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a named pipe (FIFO)";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    if t.is_dir() {
+        "a directory"
+    } else {
+        "not a file"
+    }
+}
+
 fn is_hidden(name: &std::ffi::OsStr) -> bool {
     name.to_string_lossy().starts_with('.')
 }

@@ -66,9 +66,18 @@ impl InputSet {
         for path in paths {
             files.push(read_footer(&path)?);
         }
-        let first = files.first().ok_or_else(|| {
-            invalid("no input files given; expected parquet files or a directory")
+        if files.is_empty() {
+            return Err(invalid(
+                "no input files given; expected parquet files or a directory",
+            ));
+        }
+        let files = super::skip_empty(files, |f| f.num_rows, |f| &f.path).map_err(|p| {
+            invalid(format!(
+                "{}: has no rows; expected at least one image–caption pair",
+                p.display()
+            ))
         })?;
+        let first = &files[0];
         let mut columns = resolve_columns(&first.path, &first.schema, opts)?;
         for f in &files[1..] {
             check_same_columns(&f.path, &f.schema, &columns, &first.path)?;
@@ -238,11 +247,20 @@ impl InputSet {
     }
 }
 
+/// Whether the data file `path` is a readable shard with no rows (an empty
+/// tar, or a parquet file of 0 rows): what `score --out-dir` and `filter
+/// --out-dir` pass over with a warning when opening it on its own fails.
+pub(crate) fn is_empty_shard(path: &Path) -> bool {
+    if webdataset::is_tar(path) {
+        matches!(webdataset::count_samples(path), Ok(0))
+    } else {
+        read_footer(path).is_ok_and(|f| f.num_rows == 0)
+    }
+}
+
 /// Validate one file from its footer alone.
 fn read_footer(path: &Path) -> Result<InputFile> {
-    let len = std::fs::metadata(path)
-        .with_context(|| format!("reading {}", path.display()))?
-        .len();
+    let len = super::regular_file_len(path)?;
     if len == 0 {
         return Err(invalid(format!(
             "{}: file is empty (0 bytes); expected a parquet file with at least one row",
@@ -251,7 +269,7 @@ fn read_footer(path: &Path) -> Result<InputFile> {
     }
     let reader = FileReader::open(path)?;
     let num_rows = reader.metadata().file_metadata().num_rows();
-    if num_rows <= 0 {
+    if num_rows < 0 {
         return Err(invalid(format!(
             "{}: has no rows; expected at least one image–caption pair",
             path.display()

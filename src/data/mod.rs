@@ -26,13 +26,14 @@ use std::path::PathBuf;
 use crate::images::ImageLimits;
 
 pub use columns::{image_columns, resolve_columns};
-pub(crate) use discover::expand_inputs;
 pub use discover::Discovery;
+pub(crate) use discover::{expand_inputs, regular_file_len, skip_empty, EmptyShard};
 pub(crate) use filter::check_same_schema;
 pub use filter::{
     write_filtered, write_filtered_annotated, write_filtered_as, Annotations, FilterSummary,
     OutputFormat,
 };
+pub(crate) use input::is_empty_shard;
 pub use input::MAX_EMBEDDING_DIM;
 pub use keys::{for_each_key, positional_key, DuplicateKeys};
 pub use labels::{

@@ -8,8 +8,10 @@
 //! the members a sample needs as the tar comes, a window of samples at a
 //! time (see [`group`]). Every sample becomes one row; a sample that cannot
 //! be used (an image member over `--max-image-bytes`, no caption, a member
-//! cut short by a truncated tar) becomes a row with a problem, never an
-//! error, and a damaged tar keeps every sample before the damage.
+//! cut short by a truncated tar, a name with `..` or a leading `/`, a key
+//! that repeats) becomes a row with a problem, never an error. A damaged
+//! stretch of a tar is passed over to the next valid header, as GNU tar
+//! does, and becomes a row of its own keyed `<shard file name>@<byte>`.
 //!
 //! Seen as a table, a shard has the columns of [`schema`]: that is what
 //! `ncclean filter --format parquet` writes and what `corrupt` reads.
@@ -25,7 +27,7 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, BinaryArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 
-use self::group::{split_name, Grouper, Sample, WINDOW};
+use self::group::{climbs_out, split_name, Grouper, Lost, Sample, WINDOW};
 use self::tar::{Entry, Member, TarReader};
 use super::PairRow;
 use super::{ColumnMap, ColumnOptions, FileFormat, ImageKind, ImageValue, InputFile, InputSet};
@@ -195,6 +197,12 @@ pub(crate) fn open_set(paths: Vec<PathBuf>, opts: &ColumnOptions) -> Result<Inpu
             format: FileFormat::Webdataset(layout.clone()),
         });
     }
+    let files = super::skip_empty(files, |f| f.num_rows, |f| &f.path).map_err(|p| {
+        invalid(format!(
+            "{}: holds no samples (an empty tar); expected a webdataset tar with KEY.jpg and KEY.txt members",
+            p.display()
+        ))
+    })?;
     Ok(InputSet {
         files,
         columns: column_map(),
@@ -206,13 +214,18 @@ pub(crate) fn open_set(paths: Vec<PathBuf>, opts: &ColumnOptions) -> Result<Inpu
     })
 }
 
-/// Samples in the shard at `path`, from its headers alone. A shard with
-/// none (not a tar, or no member named like a sample) is invalid input.
+/// Samples in the shard at `path`, from its headers alone, stretches lost
+/// to damage included (each is a row). A shard with no entries at all (an
+/// empty tar, as img2dataset writes when every download of a shard fails)
+/// has 0; one with entries but no sample (not a tar, or no member named
+/// like a sample) is invalid input.
 pub(crate) fn count_samples(path: &Path) -> Result<usize> {
     let mut reader = TarReader::open(path)?;
     let mut grouper: Grouper<()> = Grouper::default();
+    let (mut entries, mut lost) = (0usize, 0usize);
     let mut damage = None;
     while let Some(entry) = reader.next_entry()? {
+        entries += 1;
         match entry {
             Entry::File(m) => {
                 if let Some((key, ext)) = split_name(&m.name) {
@@ -220,10 +233,24 @@ pub(crate) fn count_samples(path: &Path) -> Result<usize> {
                 }
             }
             Entry::Other { .. } => {}
-            Entry::Damaged(why) => damage = Some(why),
+            Entry::Damaged { start, end, why } => {
+                lost += 1;
+                grouper.push_lost(
+                    lost_key(path, start),
+                    Lost {
+                        start,
+                        end,
+                        why: why.clone(),
+                    },
+                );
+                damage.get_or_insert(why);
+            }
         }
     }
-    if grouper.samples() == 0 {
+    if entries == 0 {
+        return Ok(0);
+    }
+    if grouper.samples() == lost {
         return Err(invalid(match damage {
             Some(why) => format!(
                 "{}: not a readable tar shard ({why}); expected a webdataset tar with KEY.jpg and KEY.txt members",
@@ -236,6 +263,17 @@ pub(crate) fn count_samples(path: &Path) -> Result<usize> {
         }));
     }
     Ok(grouper.samples())
+}
+
+/// The key of the row for bytes of `path` from `start` on that could not be
+/// read: `<shard file name>@<byte offset>`. A member's key never has a dot
+/// in its last path component, so this one cannot collide with one.
+fn lost_key(path: &Path, start: u64) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("{name}@{start}")
 }
 
 /// A member's data as read for a sample: `None` for members the layout
@@ -317,12 +355,16 @@ impl SampleStream {
                     self.finished = true;
                     self.ready.extend(self.grouper.drain());
                 }
-                Some(Entry::Damaged(why)) => {
+                Some(Entry::Damaged { start, end, why }) => {
                     crate::progress::warn_once(&format!(
-                        "{}: {why}; the samples before it are read, the rest of the file is not",
-                        self.path.display()
+                        "{}: {why}; bytes {start}..{end} are passed over (the members there are lost; \
+                         their row is keyed {}) and reading goes on at the next valid header",
+                        self.path.display(),
+                        lost_key(&self.path, start)
                     ));
-                    self.damage = Some(why);
+                    let key = lost_key(&self.path, start);
+                    let (_, closed) = self.grouper.push_lost(key, Lost { start, end, why });
+                    self.ready.extend(closed);
                 }
                 Some(Entry::Other { .. }) => {}
                 Some(Entry::File(m)) => {
@@ -348,11 +390,15 @@ impl SampleStream {
         }
     }
 
-    /// Read `m` if its sample needs it and it is within bounds.
+    /// Read `m` if its sample needs it and it is within bounds (members
+    /// whose name climbs out of the directory are never read).
     fn payload(&mut self, m: &Member, key: &str, ext: &str) -> Result<Payload> {
+        if climbs_out(key) {
+            return Ok(None);
+        }
         let has = |want: &dyn Fn(&str) -> bool| {
             self.grouper
-                .open_sample(key)
+                .open_sample(key, ext)
                 .is_some_and(|s| s.members.iter().any(|(e, _, p)| want(e) && p.is_some()))
         };
         let is_image = |e: &str| IMAGE_EXTENSIONS.contains(&e);
@@ -393,6 +439,37 @@ impl SampleStream {
 
     /// Turn a closed sample into its row's values and problems.
     fn finish_sample(&self, s: Sample<Payload>) -> TarSample {
+        if let Some(lost) = &s.lost {
+            return TarSample {
+                index: s.index,
+                key: s.key.clone(),
+                image: None,
+                caption: None,
+                json: None,
+                problem: Some(format!(
+                    "bytes {}..{} of the shard could not be read: {}; the members there are lost",
+                    lost.start, lost.end, lost.why
+                )),
+            };
+        }
+        if climbs_out(&s.key) {
+            let name = s
+                .members
+                .first()
+                .map_or(s.key.as_str(), |(_, n, _)| n.as_str());
+            return TarSample {
+                index: s.index,
+                key: s.key.clone(),
+                image: None,
+                caption: None,
+                json: None,
+                problem: Some(format!(
+                    "member {name} has a name with '..' or a leading '/', which would be \
+                     extracted outside the directory it is unpacked in; ncclean neither reads nor copies it \
+                     (rename the members)"
+                )),
+            };
+        }
         let member = |want: &dyn Fn(&str) -> bool| {
             s.members
                 .iter()
@@ -487,6 +564,15 @@ impl SampleStream {
             _ => s.key.clone(),
         };
 
+        if let Some(first) = s.repeats {
+            problems.push(format!(
+                "the key {} repeats: sample {first} of this shard already has a member {}.{}; \
+                 each sample needs its own key (two samples are not merged)",
+                s.key,
+                s.key,
+                s.members.first().map_or("", |(e, _, _)| e.as_str())
+            ));
+        }
         if !problems.is_empty() {
             if s.scattered {
                 problems.push(format!(

@@ -8,7 +8,14 @@
 //! out of order, and the oldest is closed when a new key would exceed that.
 //! Memory is then bounded by the window, not by the shard. A key that shows
 //! up again after its sample was closed starts a new sample marked
-//! scattered, so that its row says why its members are missing.
+//! scattered, so that its row says why its members are missing. A member
+//! whose open sample already holds one of its extension (`a.jpg a.txt
+//! b.jpg a.jpg`) starts a new sample marked as repeating the key: two
+//! samples are never merged into one row.
+//!
+//! A stretch of a damaged tar that could not be read is a sample of its own
+//! ([`Grouper::push_lost`]), without members, so that its row says what was
+//! lost.
 //!
 //! The header scan that counts a shard's samples, the stream that reads
 //! them and the writer of filtered shards all group through [`Grouper`], so
@@ -39,6 +46,13 @@ pub(crate) fn split_name(name: &str) -> Option<(&str, String)> {
     ))
 }
 
+/// Whether a member name (or its key: the same path up to the file name's
+/// first dot) would be extracted outside the directory a tar is unpacked
+/// in: a leading `/` or a `..` component.
+pub(crate) fn climbs_out(name: &str) -> bool {
+    name.starts_with('/') || name.split('/').any(|c| c == "..")
+}
+
 /// A sample being collected, or handed out once closed.
 #[derive(Debug)]
 pub(crate) struct Sample<T> {
@@ -50,6 +64,19 @@ pub(crate) struct Sample<T> {
     /// The key appeared again after its sample was closed, so this sample
     /// may lack members that lie elsewhere in the tar.
     pub scattered: bool,
+    /// Index of the open sample with the same key that already held a
+    /// member of this one's extension.
+    pub repeats: Option<usize>,
+    /// A stretch of the tar that could not be read: why, and the span.
+    pub lost: Option<Lost>,
+}
+
+/// Bytes of a tar passed over as damaged.
+#[derive(Debug, Clone)]
+pub(crate) struct Lost {
+    pub start: u64,
+    pub end: u64,
+    pub why: String,
 }
 
 /// Groups members into samples; `T` is what a member carries (its data, or
@@ -73,9 +100,14 @@ impl<T> Default for Grouper<T> {
 }
 
 impl<T> Grouper<T> {
-    /// The open sample keyed `key`, if any.
-    pub fn open_sample(&self, key: &str) -> Option<&Sample<T>> {
-        self.open.iter().find(|s| s.key == key)
+    /// The open sample a member keyed `key` with extension `ext` would
+    /// join (see [`Grouper::push`]), if any.
+    pub fn open_sample(&self, key: &str, ext: &str) -> Option<&Sample<T>> {
+        self.open
+            .iter()
+            .rev()
+            .find(|s| s.key == key)
+            .filter(|s| !s.members.iter().any(|(e, _, _)| e == ext))
     }
 
     /// Add member `name` (already split into `key` and `ext`); returns the
@@ -88,9 +120,15 @@ impl<T> Grouper<T> {
         name: &str,
         payload: T,
     ) -> (usize, Option<Sample<T>>) {
-        if let Some(s) = self.open.iter_mut().find(|s| s.key == key) {
-            s.members.push((ext, name.to_string(), payload));
-            return (s.index, None);
+        // The newest open sample of this key takes the member, unless it
+        // already has one of this extension: then the key repeats.
+        let mut repeats = None;
+        if let Some(s) = self.open.iter_mut().rev().find(|s| s.key == key) {
+            if !s.members.iter().any(|(e, _, _)| *e == ext) {
+                s.members.push((ext, name.to_string(), payload));
+                return (s.index, None);
+            }
+            repeats = Some(s.index);
         }
         let scattered = self.closed_set.contains(key);
         let index = self.next_index;
@@ -100,13 +138,35 @@ impl<T> Grouper<T> {
             key: key.to_string(),
             members: vec![(ext, name.to_string(), payload)],
             scattered,
+            repeats,
+            lost: None,
         });
-        let evicted = if self.open.len() > WINDOW {
+        (index, self.make_room())
+    }
+
+    /// Add a stretch of the tar that could not be read, as a sample of its
+    /// own keyed `key`; returns its index and the sample the window closed
+    /// to make room, if any.
+    pub fn push_lost(&mut self, key: String, lost: Lost) -> (usize, Option<Sample<T>>) {
+        let index = self.next_index;
+        self.next_index += 1;
+        self.open.push_back(Sample {
+            index,
+            key,
+            members: Vec::new(),
+            scattered: false,
+            repeats: None,
+            lost: Some(lost),
+        });
+        (index, self.make_room())
+    }
+
+    fn make_room(&mut self) -> Option<Sample<T>> {
+        if self.open.len() > WINDOW {
             self.close_oldest()
         } else {
             None
-        };
-        (index, evicted)
+        }
     }
 
     fn close_oldest(&mut self) -> Option<Sample<T>> {

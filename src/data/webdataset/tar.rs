@@ -12,6 +12,13 @@
 //! headers (`x`: `path` and `size`), octal and base-256 sizes. Anything that
 //! is not a regular file (directories, links, pax global headers) comes out
 //! as [`Entry::Other`].
+//!
+//! Damage does not end the archive: as GNU tar does ("Skipping to next
+//! header"), a block that is not a valid header (bad checksum, unreadable
+//! size), a lone zero block followed by more data, or an extension header
+//! over [`MAX_EXTENSION_BYTES`] (with the member it describes) comes out as
+//! [`Entry::Damaged`] with the byte span passed over, and reading resumes at
+//! the next valid header. Only the end of the file ends the archive early.
 
 use std::fs::File;
 use std::io::{BufReader, Read, Seek};
@@ -52,8 +59,9 @@ pub(crate) enum Entry {
     /// Anything else, with its raw span `start..end`: `global` says whether
     /// it is a pax global header, which applies to every later member.
     Other { start: u64, end: u64, global: bool },
-    /// The tar cannot be read on from here; the words say why and where.
-    Damaged(String),
+    /// Bytes `start..end` could not be read as members: whatever members
+    /// lay there are lost. The words say why; reading goes on at `end`.
+    Damaged { start: u64, end: u64, why: String },
 }
 
 /// A tar file read entry by entry.
@@ -71,6 +79,8 @@ pub(crate) struct TarReader {
 impl TarReader {
     /// Open `path` for reading.
     pub fn open(path: &Path) -> Result<TarReader> {
+        // Checked before opening: opening a FIFO would wait for a writer.
+        crate::data::regular_file_len(path)?;
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let len = file
             .metadata()
@@ -108,8 +118,9 @@ impl TarReader {
     }
 
     /// The next entry, or `None` after the end of the archive (two zero
-    /// blocks, or the end of the file at an entry boundary). After
-    /// [`Entry::Damaged`] or a truncated member, nothing more comes.
+    /// blocks, or the end of the file at an entry boundary). After damage
+    /// inside the file, reading resumes at the next valid header; after a
+    /// truncated member or header, nothing more comes.
     pub fn next_entry(&mut self) -> Result<Option<Entry>> {
         if self.done {
             return Ok(None);
@@ -118,45 +129,51 @@ impl TarReader {
         let mut long_name: Option<String> = None;
         let mut pax_path: Option<String> = None;
         let mut pax_size: Option<u64> = None;
+        // Why an extension header was passed over unread: the member it
+        // describes goes with it, since its name or size is not known.
+        let mut oversized: Option<String> = None;
         loop {
             let at = self.next;
             if at >= self.len {
                 self.done = true;
                 // Extension headers read but no member after them.
-                return Ok((at > start).then(|| {
-                    Entry::Damaged(format!(
+                return Ok((at > start).then(|| Entry::Damaged {
+                    start,
+                    end: self.len,
+                    why: format!(
                         "the file ends after an extension header at byte {start}, before the member it describes (a truncated tar)"
-                    ))
+                    ),
                 }));
             }
             if self.len - at < BLOCK {
                 self.done = true;
-                return Ok(Some(Entry::Damaged(format!(
-                    "the file ends inside a member header at byte {at} (a truncated tar)"
-                ))));
+                return Ok(Some(Entry::Damaged {
+                    start,
+                    end: self.len,
+                    why: format!(
+                        "the file ends inside a member header at byte {at} (a truncated tar)"
+                    ),
+                }));
             }
             let mut h = [0u8; BLOCK as usize];
             self.read_exact_at(at, &mut h)
                 .with_context(|| format!("reading {}", self.path.display()))?;
             if h.iter().all(|&b| b == 0) {
-                // End-of-archive marker; what follows it is not read.
-                self.done = true;
-                return Ok(None);
+                return self.zero_block(start, at);
             }
             if !checksum_ok(&h) {
-                self.done = true;
-                return Ok(Some(Entry::Damaged(format!(
-                    "the block at byte {at} is not a valid tar header (checksum mismatch)"
-                ))));
+                return self.skip_damage(
+                    start,
+                    at,
+                    format!("the block at byte {at} is not a valid tar header (checksum mismatch)"),
+                );
             }
-            let size = match header_size(&h) {
-                Some(s) => s,
-                None => {
-                    self.done = true;
-                    return Ok(Some(Entry::Damaged(format!(
-                        "the header at byte {at} has an unreadable size field"
-                    ))));
-                }
+            let Some(size) = header_size(&h) else {
+                return self.skip_damage(
+                    start,
+                    at,
+                    format!("the header at byte {at} has an unreadable size field"),
+                );
             };
             let kind = h[156];
             let data_at = at + BLOCK;
@@ -165,74 +182,161 @@ impl TarReader {
             } else {
                 pax_size.unwrap_or(size)
             };
-            let end = match ext_size
+            let Some(end) = ext_size
                 .checked_add(BLOCK - 1)
                 .and_then(|s| data_at.checked_add(s & !(BLOCK - 1)))
-            {
-                Some(e) => e,
-                None => {
-                    self.done = true;
-                    return Ok(Some(Entry::Damaged(format!(
-                        "the header at byte {at} declares an impossible size"
-                    ))));
-                }
+            else {
+                return self.skip_damage(
+                    start,
+                    at,
+                    format!("the header at byte {at} declares an impossible size"),
+                );
             };
             self.next = end;
-            match kind {
-                b'x' | b'L' => {
-                    if size > MAX_EXTENSION_BYTES {
-                        self.done = true;
-                        return Ok(Some(Entry::Damaged(format!(
-                            "the extension header at byte {at} declares {size} bytes, more than the {MAX_EXTENSION_BYTES} a tar header needs"
-                        ))));
-                    }
-                    if data_at + size > self.len {
-                        self.done = true;
-                        return Ok(Some(Entry::Damaged(format!(
+            if matches!(kind, b'x' | b'L') {
+                if data_at.saturating_add(size) > self.len {
+                    self.done = true;
+                    return Ok(Some(Entry::Damaged {
+                        start,
+                        end: self.len,
+                        why: format!(
                             "the file ends inside the extension header at byte {at} (a truncated tar)"
-                        ))));
-                    }
-                    let mut data = vec![0u8; size as usize];
-                    self.read_exact_at(data_at, &mut data)
-                        .with_context(|| format!("reading {}", self.path.display()))?;
-                    if kind == b'L' {
-                        long_name = Some(c_string(&data));
-                    } else {
-                        for (k, v) in pax_records(&data) {
-                            match k.as_str() {
-                                "path" => pax_path = Some(v),
-                                "size" => pax_size = v.trim().parse().ok(),
-                                _ => {}
-                            }
-                        }
-                    }
-                    continue;
-                }
-                b'0' | 0 | b'7' => {
-                    let name = long_name.or(pax_path).unwrap_or_else(|| ustar_name(&h));
-                    let truncated = (data_at.saturating_add(ext_size) > self.len)
-                        .then(|| self.len.saturating_sub(data_at));
-                    if truncated.is_some() {
-                        self.done = true;
-                    }
-                    return Ok(Some(Entry::File(Member {
-                        name,
-                        size: ext_size,
-                        start,
-                        data_at,
-                        end: end.min(self.len),
-                        truncated,
-                    })));
-                }
-                _ => {
-                    return Ok(Some(Entry::Other {
-                        start,
-                        end: end.min(self.len),
-                        global: kind == b'g',
+                        ),
                     }));
                 }
+                if size > MAX_EXTENSION_BYTES {
+                    // Legal, but no real name or record list is this long:
+                    // pass over it unread, with the member it describes.
+                    let what = if kind == b'L' {
+                        "GNU long name"
+                    } else {
+                        "pax header"
+                    };
+                    oversized.get_or_insert(format!(
+                        "the {what} at byte {at} is {size} bytes, more than the {MAX_EXTENSION_BYTES} ncclean reads, so the member it describes is passed over"
+                    ));
+                    continue;
+                }
+                let mut data = vec![0u8; size as usize];
+                self.read_exact_at(data_at, &mut data)
+                    .with_context(|| format!("reading {}", self.path.display()))?;
+                if kind == b'L' {
+                    long_name = Some(c_string(&data));
+                } else {
+                    for (k, v) in pax_records(&data) {
+                        match k.as_str() {
+                            "path" => pax_path = Some(v),
+                            "size" => pax_size = v.trim().parse().ok(),
+                            _ => {}
+                        }
+                    }
+                }
+                continue;
             }
+            if let Some(why) = oversized {
+                if end > self.len {
+                    self.done = true;
+                }
+                return Ok(Some(Entry::Damaged {
+                    start,
+                    end: end.min(self.len),
+                    why,
+                }));
+            }
+            if matches!(kind, b'0' | 0 | b'7') {
+                let name = long_name.or(pax_path).unwrap_or_else(|| ustar_name(&h));
+                let truncated = (data_at.saturating_add(ext_size) > self.len)
+                    .then(|| self.len.saturating_sub(data_at));
+                if truncated.is_some() {
+                    self.done = true;
+                }
+                return Ok(Some(Entry::File(Member {
+                    name,
+                    size: ext_size,
+                    start,
+                    data_at,
+                    end: end.min(self.len),
+                    truncated,
+                })));
+            }
+            return Ok(Some(Entry::Other {
+                start,
+                end: end.min(self.len),
+                global: kind == b'g',
+            }));
         }
+    }
+
+    /// A zero block at `at` (entries from `start`): the end of the archive
+    /// when the next block is zero too or the file ends; otherwise a lone
+    /// zero block (a zeroed header), damage up to the next valid header, or
+    /// to the end of the file when none follows.
+    fn zero_block(&mut self, start: u64, at: u64) -> Result<Option<Entry>> {
+        let after = at + BLOCK;
+        let mut next = [0u8; BLOCK as usize];
+        let ends = self.len - after < BLOCK || {
+            self.read_exact_at(after, &mut next)
+                .with_context(|| format!("reading {}", self.path.display()))?;
+            next.iter().all(|&b| b == 0)
+        };
+        if ends {
+            self.done = true;
+            return Ok((at > start).then(|| Entry::Damaged {
+                start,
+                end: at,
+                why: format!(
+                    "the archive ends at byte {at}, after an extension header at byte {start} and before the member it describes"
+                ),
+            }));
+        }
+        let why =
+            format!("a lone zero block at byte {at} inside the archive (its end is marked by two)");
+        let resume = match self.find_header(after)? {
+            Some(resume) => resume,
+            None => {
+                self.done = true;
+                self.len
+            }
+        };
+        self.next = resume;
+        Ok(Some(Entry::Damaged {
+            start,
+            end: resume,
+            why,
+        }))
+    }
+
+    /// Damage found at `at` (entries from `start`): skip to the next valid
+    /// header, as GNU tar does, and say what was passed over.
+    fn skip_damage(&mut self, start: u64, at: u64, why: String) -> Result<Option<Entry>> {
+        let resume = self.find_header(at + BLOCK)?.unwrap_or(self.len);
+        self.next = resume;
+        Ok(Some(Entry::Damaged {
+            start,
+            end: resume,
+            why,
+        }))
+    }
+
+    /// The offset of the first block from `from` on that is a valid header
+    /// (a checksum that adds up, not all zeros), block by block.
+    fn find_header(&mut self, from: u64) -> Result<Option<u64>> {
+        let mut h = [0u8; BLOCK as usize];
+        let mut at = from;
+        let mut blocks = 0u64;
+        while self.len.saturating_sub(at) >= BLOCK {
+            blocks += 1;
+            if blocks % 65_536 == 0 {
+                crate::interrupt::check()?;
+            }
+            self.read_exact_at(at, &mut h)
+                .with_context(|| format!("reading {}", self.path.display()))?;
+            if !h.iter().all(|&b| b == 0) && checksum_ok(&h) {
+                return Ok(Some(at));
+            }
+            at += BLOCK;
+        }
+        Ok(None)
     }
 
     /// The data of `m`, which must be complete and at most `limit` bytes

@@ -31,6 +31,21 @@ fn write_tar(dir: &Path, name: &str, members: &[M]) -> PathBuf {
     path
 }
 
+/// A ustar header for a regular file `name` (under 100 bytes) of `size`
+/// bytes, with its checksum.
+fn raw_header(name: &str, size: u64) -> [u8; 512] {
+    let mut h = [0u8; 512];
+    h[..name.len()].copy_from_slice(name.as_bytes());
+    h[100..107].copy_from_slice(b"0000644");
+    h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+    h[156] = b'0';
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[148..156].fill(b' ');
+    let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    h
+}
+
 /// A sample as img2dataset writes it: image, caption, metadata.
 fn sample(key: &str, caption: &str) -> Vec<M> {
     vec![
@@ -234,11 +249,22 @@ fn a_truncated_tar_keeps_every_sample_before_the_cut() {
     );
     assert!(p.contains("no caption member (002.txt)"), "{p}");
 
-    // Cut inside a header: the samples before it are whole.
+    // Cut inside a header: the samples before it are whole, and the cut
+    // header is a row of its own saying what was lost.
     std::fs::write(&path, &whole[..at + 100]).unwrap();
-    assert_eq!(count_samples(&path).unwrap(), 2);
+    assert_eq!(count_samples(&path).unwrap(), 3);
     let got = read_all(&path, &TarLayout::default(), 1 << 20);
-    assert!(got.iter().all(|s| s.problem.is_none()), "{got:?}");
+    assert!(got[..2].iter().all(|s| s.problem.is_none()), "{got:?}");
+    assert_eq!(got[2].key, format!("s.tar@{at}"));
+    assert_eq!(
+        got[2].problem.as_deref(),
+        Some(format!(
+            "bytes {at}..{} of the shard could not be read: the file ends inside a member header at byte {at} \
+             (a truncated tar); the members there are lost",
+            at + 100
+        ))
+        .as_deref()
+    );
 }
 
 #[test]
@@ -407,6 +433,141 @@ fn mixed_formats_and_the_other_formats_flags_are_refused() {
     let set = InputSet::open(&[dir.path().to_path_buf()], &ColumnOptions::default()).unwrap();
     assert_eq!(set.files.len(), 1);
     assert_eq!(set.files[0].path, t);
+}
+
+#[test]
+fn damage_is_passed_over_to_the_next_valid_header_as_a_row_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = samples(&["000", "001", "002", "003"]);
+    let path = write_tar(dir.path(), "s.tar", &members);
+    let whole = std::fs::read(&path).unwrap();
+    let header = |name: &str| {
+        whole
+            .windows(name.len())
+            .position(|w| w == name.as_bytes())
+            .unwrap()
+    };
+    // 001.txt's header fails its checksum; 002.jpg's header is zeroed (a
+    // lone zero block inside the archive).
+    let mut bytes = whole.clone();
+    bytes[header("001.txt") + 1] ^= 1;
+    let zero = header("002.jpg");
+    bytes[zero..zero + 512].fill(0);
+    std::fs::write(&path, &bytes).unwrap();
+
+    assert_eq!(count_samples(&path).unwrap(), 6);
+    let got = read_all(&path, &TarLayout::default(), 1 << 20);
+    let keys: Vec<&str> = got.iter().map(|s| s.key.as_str()).collect();
+    let bad = header("001.txt");
+    let (a, b) = (format!("s.tar@{bad}"), format!("s.tar@{zero}"));
+    assert_eq!(keys, ["000", "001", a.as_str(), b.as_str(), "002", "003"]);
+    assert!(got[0].problem.is_none() && got[5].problem.is_none());
+    assert_eq!(
+        got[1].problem.as_deref(),
+        Some("no caption member (001.txt)")
+    );
+    let p = got[2].problem.as_deref().unwrap();
+    assert!(
+        p.starts_with(&format!(
+            "bytes {bad}..{} of the shard could not be read: ",
+            bad + 1024
+        )) && p.contains("checksum mismatch"),
+        "{p}"
+    );
+    assert!(got[3]
+        .problem
+        .as_deref()
+        .unwrap()
+        .contains("a lone zero block"));
+    // The writer groups the same way: the kept samples' members only.
+    let out = dir.path().join("kept.tar");
+    let keep = [true, false, true, true, true, true];
+    let s = write_filtered_tar_shard(&path, &keep, &out).unwrap();
+    assert_eq!((s.rows_in, s.rows_out, s.dropped), (6, 3, 0));
+    let names: Vec<String> = members_of(&out).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names,
+        [
+            "000.jpg", "000.txt", "000.json", "002.txt", "002.json", "003.jpg", "003.txt",
+            "003.json"
+        ]
+    );
+
+    // No valid header after the damage: the rest of the file is one row.
+    let mut cut = bytes[..bad + 2048].to_vec();
+    cut.extend(vec![b'Z'; 4096]);
+    std::fs::write(&path, &cut).unwrap();
+    let got = read_all(&path, &TarLayout::default(), 1 << 20);
+    let last = got.last().unwrap();
+    let junk = bad + 2048;
+    assert_eq!(last.key, format!("s.tar@{junk}"));
+    assert!(last
+        .problem
+        .as_deref()
+        .unwrap()
+        .starts_with(&format!("bytes {junk}..{} ", cut.len())));
+}
+
+#[test]
+fn a_repeated_key_starts_a_new_sample_and_unsafe_names_are_never_copied() {
+    let dir = tempfile::tempdir().unwrap();
+    // Written raw: the tar crate refuses such names.
+    let path = dir.path().join("s.tar");
+    let mut bytes = Vec::new();
+    for (name, data) in samples(&["000", "001", "000", "../up", "/abs/x"]) {
+        bytes.extend_from_slice(&raw_header(&name, data.len() as u64));
+        bytes.extend_from_slice(&data);
+        bytes.resize(bytes.len().div_ceil(512) * 512, 0);
+    }
+    bytes.extend_from_slice(&[0u8; 1024]);
+    std::fs::write(&path, &bytes).unwrap();
+    assert_eq!(count_samples(&path).unwrap(), 5);
+    let got = read_all(&path, &TarLayout::default(), 1 << 20);
+    assert_eq!(got[2].key, "000");
+    assert_eq!(got[2].caption.as_deref(), Some("caption 000"));
+    let p = got[2].problem.as_deref().unwrap();
+    assert!(
+        p.starts_with("the key 000 repeats: sample 0 of this shard"),
+        "{p}"
+    );
+    assert!(got[0].problem.is_none());
+    for s in &got[3..] {
+        let p = s.problem.as_deref().unwrap();
+        assert!(p.contains("'..' or a leading '/'"), "{p}");
+        assert!(s.image.is_none() && s.caption.is_none());
+    }
+    // Kept or not, the unsafe members are not written, and say so.
+    let out = dir.path().join("kept.tar");
+    let s = write_filtered_tar_shard(&path, &[true, false, false, true, true], &out).unwrap();
+    assert_eq!((s.rows_out, s.dropped), (1, 2));
+    let names: Vec<String> = members_of(&out).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["000.jpg", "000.txt", "000.json"]);
+}
+
+#[test]
+fn an_empty_tar_has_no_samples_and_is_passed_over_beside_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("a.tar");
+    std::fs::write(&empty, vec![0u8; 10240]).unwrap();
+    assert_eq!(count_samples(&empty).unwrap(), 0);
+    let zero = dir.path().join("b.tar");
+    std::fs::write(&zero, b"").unwrap();
+    assert_eq!(count_samples(&zero).unwrap(), 0);
+    let good = write_tar(dir.path(), "c.tar", &samples(&["000"]));
+    let set = InputSet::open(
+        &[empty.clone(), zero, good.clone()],
+        &ColumnOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(set.files.len(), 1);
+    assert_eq!(set.files[0].path, good);
+    let e = InputSet::open(&[empty], &ColumnOptions::default()).unwrap_err();
+    assert_eq!(e.exit_code(), 3);
+    assert!(
+        e.to_string()
+            .contains("a.tar: holds no samples (an empty tar)"),
+        "{e}"
+    );
 }
 
 proptest::proptest! {

@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::Context;
 use arrow_array::{BooleanArray, RecordBatch};
 
-use super::group::{split_name, Grouper};
+use super::group::{climbs_out, split_name, Grouper, Lost};
 use super::tar::{Entry, TarReader};
 use super::{record_batches, FileFormat};
 use crate::data::write::AtomicParquetWriter;
@@ -119,7 +119,9 @@ fn copy_kept(shard: &Path, keep: &[bool], w: &mut impl Write) -> Result<FilterSu
                 if !want {
                     continue;
                 }
-                if m.truncated.is_some() {
+                // Never written, whatever the mask says: extracting it
+                // would write outside the output's directory.
+                if m.truncated.is_some() || climbs_out(key) {
                     dropped[index] = true;
                     continue;
                 }
@@ -131,7 +133,15 @@ fn copy_kept(shard: &Path, keep: &[bool], w: &mut impl Write) -> Result<FilterSu
                 end,
                 global: true,
             } => reader.copy_raw(start, end, w)?,
-            Entry::Other { .. } | Entry::Damaged(_) => {}
+            // A damaged stretch is a row of its own, without members.
+            Entry::Damaged { start, end, why } => {
+                let key = super::lost_key(shard, start);
+                let (index, _) = grouper.push_lost(key, Lost { start, end, why });
+                if index >= keep.len() {
+                    return Err(mask_mismatch(shard, keep.len(), index + 1));
+                }
+            }
+            Entry::Other { .. } => {}
         }
     }
     if grouper.samples() != keep.len() {
@@ -140,7 +150,7 @@ fn copy_kept(shard: &Path, keep: &[bool], w: &mut impl Write) -> Result<FilterSu
     let lost = dropped.iter().filter(|&&d| d).count();
     if lost > 0 {
         crate::progress::warn_once(&format!(
-            "{}: {lost} kept samples lost a member cut short by the end of the file; the rest of their members are written",
+            "{}: {lost} kept samples lost a member cut short by the end of the file or named with '..' or a leading '/'; the rest of their members are written",
             shard.display()
         ));
     }
