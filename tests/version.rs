@@ -146,6 +146,36 @@ fn run_json_and_labels_record_the_build() {
         p(&scored),
     ]);
     assert_eq!(meta_build(&scored), build);
+
+    // The filtered file says which build filtered it.
+    let kept = tmp.path().join("kept.parquet");
+    ok(&[
+        "filter",
+        p(&data),
+        "--labels",
+        p(&run.join("labels.parquet")),
+        "--out",
+        p(&kept),
+    ]);
+    let reader =
+        parquet::file::reader::SerializedFileReader::new(std::fs::File::open(&kept).unwrap())
+            .unwrap();
+    use parquet::file::reader::FileReader;
+    let kv = reader
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .cloned()
+        .unwrap_or_default();
+    let filtered = kv
+        .iter()
+        .find(|e| e.key == "ncclean.build")
+        .and_then(|e| e.value.clone())
+        .expect("the filtered file records ncclean.build");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&filtered).unwrap(),
+        build
+    );
 }
 
 /// build.rs compiled on its own (std only) and run as cargo would, in a
