@@ -4,6 +4,7 @@
 //! parquet, [`engine`] trains and scores through one code path, and the
 //! method math lives in the `ncclean-pipelines` crate.
 
+pub mod build_info;
 pub mod checkpoint;
 pub mod cli;
 pub mod corrupt;

@@ -1,7 +1,5 @@
 //! The `ncclean` binary: parse, run, map errors to exit codes.
 
-use clap::Parser;
-
 fn main() {
     // candle attaches a captured backtrace to its errors' Display whenever
     // RUST_BACKTRACE is set in the environment, and it would reach users as
@@ -12,7 +10,7 @@ fn main() {
         std::env::remove_var("RUST_LIB_BACKTRACE");
     }
     ncclean::threads::configure();
-    let cli = ncclean::cli::Cli::parse();
+    let cli = ncclean::cli::Cli::parse_args();
     ncclean::interrupt::install();
     if let Err(e) = ncclean::cli::run(cli) {
         ncclean::progress::report_error(&e);

@@ -145,6 +145,10 @@ fn filter_metadata(labels: &Path, rule: Rule) -> BTreeMap<String, String> {
         env!("CARGO_PKG_VERSION").to_string(),
     );
     meta.insert(
+        "ncclean.build".to_string(),
+        crate::build_info::current().json().to_string(),
+    );
+    meta.insert(
         "ncclean.filter.labels".to_string(),
         labels.display().to_string(),
     );

@@ -3,13 +3,14 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 
 use crate::data::{ColumnOptions, Preset, TextEmbeddings};
 use crate::error::{Error, Result};
 use crate::images::ImageLimits;
 use crate::progress::{LogFormat, Reporter};
 
+mod completions;
 mod corrupt;
 mod demo;
 mod eval;
@@ -17,6 +18,7 @@ mod filter;
 mod fit;
 mod gpu_check;
 mod inspect;
+mod man;
 mod report;
 mod score;
 mod threshold;
@@ -34,15 +36,47 @@ mod towers;
 ///   ncclean fit demo/noisy.parquet --out-dir demo/run
 ///   ncclean eval --labels demo/run/labels.parquet --truth demo/noisy.parquet
 #[derive(Debug, Parser)]
-#[command(name = "ncclean", version, about, long_about, verbatim_doc_comment)]
+#[command(
+    name = "ncclean",
+    version,
+    about,
+    long_about,
+    verbatim_doc_comment,
+    disable_version_flag = true
+)]
 pub struct Cli {
+    /// Print the version, git commit, enabled features, target and profile
+    /// (what identifies this build in a bug report), then exit.
+    #[arg(short = 'V', long)]
+    pub version: bool,
+    /// With --version: print it as one JSON object.
+    #[arg(long, requires = "version")]
+    pub json: bool,
+
     /// Log format on stderr: text (bars on a terminal, lines otherwise) or
     /// json (one object per line). stdout only carries the final summary.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
 
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+}
+
+impl Cli {
+    /// Parse the command line, exiting 2 with clap's usage message when it
+    /// names no subcommand (`--version` is the one flag that needs none).
+    pub fn parse_args() -> Cli {
+        let cli = Cli::parse();
+        if cli.command.is_none() && !cli.version {
+            Cli::command()
+                .error(
+                    clap::error::ErrorKind::MissingSubcommand,
+                    "name a subcommand; `ncclean --help` lists them",
+                )
+                .exit();
+        }
+        cli
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -73,6 +107,10 @@ enum Command {
     /// Measure a GPU machine: CPU/CUDA parity, decode and tower throughput, training speed (JSON).
     #[command(hide = true)]
     GpuCheck(gpu_check::GpuCheckArgs),
+    /// Print a shell completion script (bash, zsh, fish, powershell, elvish).
+    Completions(completions::CompletionsArgs),
+    /// Print the man page, ncclean(1), or a subcommand's (`ncclean man fit`).
+    Man(man::ManArgs),
 }
 
 /// Input files and how to find their columns.
@@ -407,7 +445,15 @@ impl CacheArgs {
 /// Parse the command line and run it; the error carries the exit code.
 pub fn run(cli: Cli) -> Result<()> {
     let rep = Reporter::new(cli.log_format);
-    match cli.command {
+    if cli.version {
+        return print_version(cli.json);
+    }
+    let Some(command) = cli.command else {
+        return Err(Error::Usage(
+            "name a subcommand; `ncclean --help` lists them".into(),
+        ));
+    };
+    match command {
         Command::Demo(a) => demo::run(a, &rep),
         Command::Corrupt(a) => corrupt::run(a, &rep),
         Command::Inspect(a) => inspect::run(a, &rep),
@@ -418,5 +464,31 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Report(a) => report::run(a, &rep),
         Command::Towers(a) => towers::run(a, &rep),
         Command::GpuCheck(a) => gpu_check::run(a, &rep),
+        Command::Completions(a) => completions::run(a, &rep),
+        Command::Man(a) => man::run(a, &rep),
+    }
+}
+
+/// `ncclean --version [--json]`.
+fn print_version(json: bool) -> Result<()> {
+    let build = crate::build_info::current();
+    let text = if json {
+        format!("{}\n", build.json())
+    } else {
+        build.text()
+    };
+    write_stdout(text.as_bytes())
+}
+
+/// Write generated text (a completion script, a man page) to stdout. A
+/// reader that stops early (`| head`) is not an error.
+fn write_stdout(bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Error::Other(anyhow::anyhow!("writing to stdout: {e}")))
+        }
+        _ => Ok(()),
     }
 }

@@ -412,6 +412,13 @@ impl Engine {
             "version",
             env!("CARGO_PKG_VERSION").to_string(),
         );
+        // The commit, features and target too: labels found later say
+        // exactly which build wrote them.
+        put(
+            &mut metadata,
+            "build",
+            crate::build_info::current().json().to_string(),
+        );
         put(&mut metadata, "method", self.state.method.clone());
         put(&mut metadata, "preset", self.state.method.clone());
         put(

@@ -393,6 +393,7 @@ pub fn fit(
     data::write_atomic(&out.join("stats.json"), &stats_json)?;
     let run = serde_json::json!({
         "ncclean_version": env!("CARGO_PKG_VERSION"),
+        "ncclean_build": crate::build_info::current().json(),
         "method": opts.method,
         "seed": opts.seed,
         "config": cfg,
