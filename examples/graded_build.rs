@@ -46,6 +46,9 @@ const BATCH: usize = 64;
 
 type Error = Box<dyn std::error::Error>;
 
+/// (image, caption's image, caption's index, kind).
+type Candidate = (usize, usize, usize, String);
+
 struct Split {
     /// Per image: key prefix, JPEG bytes, captions in order.
     images: Vec<(String, Vec<u8>, Vec<String>)>,
@@ -173,8 +176,7 @@ fn main() -> Result<(), Error> {
     let words = WordIndex::new(&docs);
     let deepest = NEAR_RANKS[NEAR_RANKS.len() - 1];
     let mut rng = Rng(8);
-    // (image, caption's image, caption's index, kind)
-    let mut pairs: Vec<(usize, usize, usize, String)> = Vec::new();
+    let mut pairs: Vec<Candidate> = Vec::new();
     for g in 0..n {
         pairs.push((g, g, 0, "own".into()));
         let near = words.nearest(g, deepest);
@@ -227,7 +229,7 @@ fn main() -> Result<(), Error> {
     let mut w = AtomicParquetWriter::create(std::path::Path::new(out), schema.clone(), &meta)?;
     for chunk in pairs.chunks(2000).zip(relevance.chunks(2000)) {
         let (ps, rel) = chunk;
-        let col = |f: &dyn Fn(&(usize, usize, usize, String)) -> String| -> ArrayRef {
+        let col = |f: &dyn Fn(&Candidate) -> String| -> ArrayRef {
             Arc::new(StringArray::from(ps.iter().map(f).collect::<Vec<_>>()))
         };
         let keys = col(&|p| format!("{}|{}#{}", split.images[p.0].0, split.images[p.1].0, p.2));

@@ -56,10 +56,44 @@ pub struct TrainConfig {
     /// the demo towers, which are trained.
     #[serde(default)]
     pub unit_inputs: bool,
+    /// Where `clean_prob` comes from: `reference` (the default: the final
+    /// clean-probability model of [`crate::clean_model`], from the trained
+    /// similarity and the neighbourhood score, calibrated against random
+    /// pairings) or `division` (the method's own mixture posterior over its
+    /// division statistic, as the papers define it).
+    #[serde(default)]
+    pub clean_prob: CleanProbSource,
+    /// Reference images each pair's caption is compared with (the
+    /// neighbourhood score's k).
+    #[serde(default = "default_reference_neighbours")]
+    pub reference_neighbours: usize,
+    /// Most training images kept in the checkpoint as the reference (a
+    /// seeded sample beyond that).
+    #[serde(default = "default_reference_images")]
+    pub reference_images: usize,
     /// Method-specific parameters (the `[params]` table of a preset); each
     /// pipeline parses them into its own struct and rejects unknown keys.
     #[serde(default)]
     pub params: toml::Table,
+}
+
+/// What `clean_prob` is ([`TrainConfig::clean_prob`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CleanProbSource {
+    /// The final clean-probability model ([`crate::clean_model`]).
+    #[default]
+    Reference,
+    /// The method's mixture posterior over its division statistic.
+    Division,
+}
+
+fn default_reference_neighbours() -> usize {
+    20
+}
+
+fn default_reference_images() -> usize {
+    8192
 }
 
 /// Most epochs a run may ask for: far beyond any paper's schedule (GSC's 60,
@@ -134,6 +168,16 @@ impl TrainConfig {
             if !(1..=max).contains(&v) {
                 return bad(key, &v, &format!("1 to {max}"));
             }
+        }
+        if !(1..=1000).contains(&self.reference_neighbours) {
+            return bad(
+                "reference_neighbours",
+                &self.reference_neighbours,
+                "1 to 1000",
+            );
+        }
+        if !(1..=65_536).contains(&self.reference_images) {
+            return bad("reference_images", &self.reference_images, "1 to 65536");
         }
         if self.image_size < 8 || self.image_size > 1024 {
             return bad("image_size", &self.image_size, "8 to 1024 pixels");

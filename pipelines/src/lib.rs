@@ -43,6 +43,7 @@
 pub mod adam;
 pub mod batch_stats;
 pub mod batches;
+pub mod clean_model;
 pub mod config;
 pub mod crcl;
 pub mod division;
@@ -66,7 +67,7 @@ pub mod vanilla;
 use candle_core::Device;
 use ncclean_models::ModelConfig;
 
-pub use config::TrainConfig;
+pub use config::{CleanProbSource, TrainConfig};
 pub use error::{Error, Result};
 pub use method::Method;
 pub use pipeline::{EpochStats, Observer, PairScores, Pipeline, Silent};

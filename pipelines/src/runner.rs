@@ -15,7 +15,9 @@ use ncclean_models::rng::Rng;
 use ncclean_models::{ModelConfig, PairInputs};
 
 use crate::batches::shuffled_batches;
-use crate::config::TrainConfig;
+use crate::clean_model::signals::CleanModel;
+use crate::clean_model::Reference;
+use crate::config::{CleanProbSource, TrainConfig};
 use crate::division::Division;
 use crate::error::{Error, Result};
 use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
@@ -113,6 +115,55 @@ impl Streams {
     }
 }
 
+/// Names of the clean model's reference arrays in the per-pair state.
+const REFERENCE_IMAGES: &str = "clean_model.reference.images";
+const REFERENCE_CAPTIONS: &str = "clean_model.reference.captions";
+const REFERENCE_WEIGHTS: &str = "clean_model.reference.weights";
+
+/// The clean model from its JSON state and its reference arrays, checked
+/// for consistent sizes.
+fn load_clean_model(
+    v: &serde_json::Value,
+    pairs: &mut HashMap<String, Vec<f32>>,
+) -> Result<CleanModel> {
+    #[derive(serde::Deserialize)]
+    struct Saved {
+        calibration: crate::clean_model::Calibration,
+        neighbours: usize,
+        image_dim: usize,
+        text_dim: usize,
+    }
+    let bad = |what: String| Error::State(format!("checkpoint's clean model: {what}"));
+    let saved: Saved = serde_json::from_value(v.clone()).map_err(|e| bad(e.to_string()))?;
+    let mut take = |name: &str| {
+        pairs
+            .remove(name)
+            .ok_or_else(|| bad(format!("no array {name}")))
+    };
+    let reference = Reference {
+        images: take(REFERENCE_IMAGES)?,
+        captions: take(REFERENCE_CAPTIONS)?,
+        weights: take(REFERENCE_WEIGHTS)?,
+        image_dim: saved.image_dim,
+        text_dim: saved.text_dim,
+    };
+    let r = reference.weights.len();
+    if reference.images.len() != r * saved.image_dim
+        || reference.captions.len() != r * saved.text_dim
+    {
+        return Err(bad(format!(
+            "{r} reference images do not fit arrays of {} and {} values",
+            reference.images.len(),
+            reference.captions.len()
+        )));
+    }
+    Ok(CleanModel {
+        calibration: saved.calibration,
+        reference,
+        neighbours: saved.neighbours,
+    })
+}
+
 /// The error of scoring before any division was fitted.
 pub fn not_fitted() -> Error {
     Error::State("this pipeline has no fitted division; run fit first".into())
@@ -129,9 +180,39 @@ pub struct Runner<M: Method> {
     net_seeds: Vec<u64>,
     /// The mixture fitted on the final pass's statistic.
     division: Option<Division>,
+    /// The final clean-probability model (None: `clean_prob` is the
+    /// division's posterior).
+    clean_model: Option<CleanModel>,
     /// Epochs trained so far.
     epochs_done: usize,
     method: M,
+}
+
+/// Share of the training pairs held out of training to calibrate the
+/// final clean-probability model on ([`crate::clean_model`]): pairs the
+/// networks never trained on behave as new pairs do, where memorised ones
+/// would make mismatched pairs look matched.
+pub const CALIBRATION_SHARE: f64 = 0.1;
+/// Most pairs held out for calibration.
+pub const MAX_CALIBRATION_PAIRS: usize = 5_000;
+/// Fewest pairs worth holding out: below it the model is calibrated on
+/// the training pairs themselves.
+pub const MIN_CALIBRATION_PAIRS: usize = 100;
+
+/// The pairs of `n` held out of training for calibration (sorted), drawn
+/// with `rng`; none when the clean model is off or too few pairs would be.
+pub fn calibration_pairs(n: usize, cfg: &TrainConfig, rng: &mut Rng) -> Vec<usize> {
+    if cfg.clean_prob != CleanProbSource::Reference {
+        return Vec::new();
+    }
+    let k = ((n as f64 * CALIBRATION_SHARE).round() as usize).min(MAX_CALIBRATION_PAIRS);
+    if k < MIN_CALIBRATION_PAIRS {
+        return Vec::new();
+    }
+    let mut p = rng.permutation(n);
+    p.truncate(k);
+    p.sort_unstable();
+    p
 }
 
 /// Build `M` as a boxed [`Pipeline`] (a registry row's constructor).
@@ -189,6 +270,7 @@ impl<M: Method> Runner<M> {
             nets,
             net_seeds,
             division: None,
+            clean_model: None,
             epochs_done: 0,
             method,
         })
@@ -301,6 +383,23 @@ impl<M: Method> Runner<M> {
                 .exported_clean_prob(stat),
         };
         let mut scores = self.method.scores(pass, clean_prob, &self.cfg);
+        // The final clean-probability model, where one was fitted: a
+        // property of each pair and the checkpoint, whatever the blocks.
+        let refitted;
+        let model = match (&self.clean_model, refit) {
+            (Some(m), true) => {
+                refitted = m.calibrate(
+                    &self.nets,
+                    data,
+                    &mut self.streams.named("clean model refit"),
+                )?;
+                refitted.as_ref()
+            }
+            (m, _) => m.as_ref(),
+        };
+        if let Some(m) = model {
+            scores.clean_prob = m.clean_probs(&self.nets, data)?;
+        }
         // A pair the model cannot measure (NaN/inf statistic or similarity)
         // is never called clean.
         for i in 0..scores.clean_prob.len() {
@@ -346,6 +445,12 @@ impl<M: Method> Runner<M> {
             refit,
             ticks,
         })
+    }
+
+    /// The pairs of `n` held out of training for calibration (the same on
+    /// every call: drawn from the run's seed).
+    fn held_out(&self, n: usize) -> Vec<usize> {
+        calibration_pairs(n, &self.cfg, &mut self.streams.named("calibration pairs"))
     }
 
     /// Run `pass` as the observer's stage `stage` of `n` pairs: the
@@ -425,6 +530,13 @@ impl<M: Method> Pipeline for Runner<M> {
                 streams: &self.streams,
             })?
         };
+        let mut plan = plan;
+        let held = self.held_out(n);
+        if !held.is_empty() {
+            for t in &mut plan.train {
+                t.retain(|i| held.binary_search(i).is_err());
+            }
+        }
         if plan.train.len() != networks {
             return Err(Error::Config(format!(
                 "{}: the epoch plan has {} training sets for {networks} networks",
@@ -526,11 +638,33 @@ impl<M: Method> Pipeline for Runner<M> {
         let pass = self.watched(obs, "final division", data.len(), |ticks| {
             self.pass(data, shards, true, ticks)
         })?;
-        self.division = Some(Division::fit(
+        let division = Division::fit(
             M::statistic(&pass),
             self.cfg.mixture,
             self.method.clean_side(),
-        ));
+        );
+        self.clean_model = match self.cfg.clean_prob {
+            CleanProbSource::Division => None,
+            CleanProbSource::Reference => {
+                // Each training caption counts in the reference by the
+                // method's final clean probability.
+                let weights = division.exported_clean_prob(M::statistic(&pass));
+                let mut held = self.held_out(data.len());
+                if held.is_empty() {
+                    held = (0..data.len()).collect();
+                }
+                CleanModel::fit(
+                    &self.nets,
+                    data,
+                    &weights,
+                    &held,
+                    self.cfg.reference_neighbours,
+                    self.cfg.reference_images,
+                    &mut self.streams.named("clean model"),
+                )?
+            }
+        };
+        self.division = Some(division);
         self.method.keep_fitted(&pass);
         Ok(())
     }
@@ -618,12 +752,28 @@ impl<M: Method> Pipeline for Runner<M> {
             "net_seeds": self.net_seeds,
             "epochs_done": self.epochs_done,
             "method": self.method.state(),
+            "clean_model": self.clean_model.as_ref().map(|m| serde_json::json!({
+                "calibration": m.calibration,
+                "neighbours": m.neighbours,
+                "image_dim": m.reference.image_dim,
+                "text_dim": m.reference.text_dim,
+            })),
         })
     }
 
     fn pair_state(&mut self) -> Vec<(String, Vec<f32>)> {
         let arrays = self.method.pair_arrays().into_iter();
-        arrays.map(|(name, a)| (name, a.to_values())).collect()
+        let mut out: Vec<(String, Vec<f32>)> =
+            arrays.map(|(name, a)| (name, a.to_values())).collect();
+        // The reference travels with the per-pair arrays (pairs.safetensors):
+        // too large for state.json.
+        if let Some(m) = &self.clean_model {
+            let r = &m.reference;
+            out.push((REFERENCE_IMAGES.into(), r.images.clone()));
+            out.push((REFERENCE_CAPTIONS.into(), r.captions.clone()));
+            out.push((REFERENCE_WEIGHTS.into(), r.weights.clone()));
+        }
+        out
     }
 
     fn load_state(
@@ -654,6 +804,10 @@ impl<M: Method> Pipeline for Runner<M> {
         }
         self.method.load_state(&state["method"])?;
         let mut pairs: HashMap<String, Vec<f32>> = pairs.into_iter().collect();
+        self.clean_model = match state.get("clean_model") {
+            Some(v) if !v.is_null() => Some(load_clean_model(v, &mut pairs)?),
+            _ => None,
+        };
         for (name, a) in self.method.pair_arrays() {
             if let Some(saved) = pairs.remove(&name) {
                 a.restore(saved);
@@ -698,6 +852,46 @@ mod tests {
         }
         let over = crate::config::parse_sets(&sets).expect("sets parse");
         crate::config::resolve(method, None, &over).expect("config resolves")
+    }
+
+    #[test]
+    fn a_tenth_of_the_pairs_is_held_out_for_calibration() {
+        let cfg = config("vanilla");
+        let mut rng = Rng::new(1);
+        let held = calibration_pairs(2000, &cfg, &mut rng);
+        assert_eq!(held.len(), 200);
+        assert!(held.windows(2).all(|w| w[0] < w[1]) && held[199] < 2000);
+        // At most MAX_CALIBRATION_PAIRS; none below MIN_CALIBRATION_PAIRS.
+        assert_eq!(
+            calibration_pairs(200_000, &cfg, &mut rng).len(),
+            MAX_CALIBRATION_PAIRS
+        );
+        assert!(calibration_pairs(900, &cfg, &mut rng).is_empty());
+        // Nothing held out when clean_prob is the division's.
+        let mut division = cfg.clone();
+        division.clean_prob = CleanProbSource::Division;
+        assert!(calibration_pairs(2000, &division, &mut rng).is_empty());
+    }
+
+    #[test]
+    fn held_out_pairs_are_never_trained_on() -> Result<()> {
+        // 1,000 pairs: 100 held out, so every epoch trains 900 per network.
+        let n = 1000;
+        let dim = 6;
+        let mut rng = Rng::new(3);
+        let vecs: Vec<f32> = (0..n * dim).map(|_| rng.normal() as f32).collect();
+        let data = crate::test_support::embedding_pairs(vecs.clone(), vecs, dim);
+        let model = crate::test_support::precomputed_model(dim, 8, 16);
+        let mut p = crate::build("vanilla", config("vanilla"), &model, 0, &Device::Cpu)?;
+        for e in 0..p.total_epochs() {
+            let stats = p.run_epoch(e, &data, &mut Silent)?;
+            assert!(
+                stats.pairs <= 900,
+                "epoch {e} trained {} pairs",
+                stats.pairs
+            );
+        }
+        Ok(())
     }
 
     /// Every stage an observer saw: name, total and each advance.

@@ -1,0 +1,264 @@
+//! The neighbourhood score: how well a caption agrees with the captions of
+//! the reference images that look most like the pair's image (LEMoN,
+//! ICML 2025, scores a pair by its caption against its image's nearest
+//! neighbours' captions in the same spirit).
+//!
+//! The reference is a fixed set of the training images (pooled frozen
+//! image features) with the mean of their captions' pooled features, each
+//! caption weighted by the method's clean probability at the end of
+//! training, so captions the method called mismatched barely count. It is
+//! kept in the checkpoint: a pair's score depends on the pair and the
+//! reference alone, never on the other pairs scored with it.
+//!
+//! An image that is the query image itself (pooled cosine at least
+//! [`SAME_IMAGE`]) is never its own neighbour: a training pair would
+//! otherwise be compared with its image's other captions, which a new
+//! image does not have, and its score would not transfer.
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::Result;
+
+/// Pooled image cosine from which two images count as the same image.
+pub const SAME_IMAGE: f32 = 0.9999;
+
+/// Weight every reference image keeps whatever its captions' clean
+/// probabilities: with all neighbours' captions called noisy, their mean
+/// still counts.
+const WEIGHT_FLOOR: f32 = 1e-3;
+
+/// Queries scored per matrix product (rows of a `[chunk, images]` block).
+const CHUNK: usize = 1024;
+
+/// The reference images and their captions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reference {
+    /// Unit image features, `images × image_dim`, row-major.
+    pub images: Vec<f32>,
+    /// Weighted mean of each image's unit caption features, `images ×
+    /// text_dim` (not renormalised: its dot product with a unit caption is
+    /// the weighted mean cosine).
+    pub captions: Vec<f32>,
+    /// Clean weight of each image: the sum of its captions' weights.
+    pub weights: Vec<f32>,
+    /// Width of the image features.
+    pub image_dim: usize,
+    /// Width of the caption features.
+    pub text_dim: usize,
+}
+
+impl Reference {
+    /// Build from pairs: `images[i]`/`texts[i]` are pair i's unit features
+    /// (rows of `image_dim`/`text_dim`), `image_of[i]` its distinct image,
+    /// `weight[i]` its caption's weight; `keep` lists the distinct images
+    /// to keep, in order.
+    pub fn build(
+        images: &[f32],
+        texts: &[f32],
+        image_of: &[u32],
+        weight: &[f32],
+        keep: &[u32],
+        dims: (usize, usize),
+    ) -> Reference {
+        let (di, dt) = dims;
+        let distinct = image_of.iter().map(|&g| g as usize + 1).max().unwrap_or(0);
+        let mut slot = vec![usize::MAX; distinct];
+        for (s, &g) in keep.iter().enumerate() {
+            slot[g as usize] = s;
+        }
+        let r = keep.len();
+        let mut out = Reference {
+            images: vec![0.0; r * di],
+            captions: vec![0.0; r * dt],
+            weights: vec![0.0; r],
+            image_dim: di,
+            text_dim: dt,
+        };
+        let mut seen = vec![false; r];
+        let mut mass = vec![0.0f32; r];
+        for (i, &g) in image_of.iter().enumerate() {
+            let s = slot[g as usize];
+            if s == usize::MAX {
+                continue;
+            }
+            if !seen[s] {
+                out.images[s * di..(s + 1) * di].copy_from_slice(&images[i * di..(i + 1) * di]);
+                seen[s] = true;
+            }
+            let w = if weight[i].is_finite() {
+                weight[i].clamp(0.0, 1.0)
+            } else {
+                0.0
+            };
+            out.weights[s] += w;
+            // The floor keeps a mean for an image whose captions all
+            // weigh 0.
+            let cw = w + WEIGHT_FLOOR;
+            mass[s] += cw;
+            for (c, t) in out.captions[s * dt..(s + 1) * dt]
+                .iter_mut()
+                .zip(&texts[i * dt..(i + 1) * dt])
+            {
+                *c += cw * t;
+            }
+        }
+        for (row, &m) in out.captions.chunks_mut(dt.max(1)).zip(&mass) {
+            if m > 0.0 {
+                row.iter_mut().for_each(|c| *c /= m);
+            }
+        }
+        out
+    }
+
+    /// Number of reference images.
+    pub fn len(&self) -> usize {
+        self.weights.len()
+    }
+
+    /// True without reference images.
+    pub fn is_empty(&self) -> bool {
+        self.weights.is_empty()
+    }
+
+    /// The neighbourhood score of each query pair: over the `k` reference
+    /// images most like its image (the image itself excluded), the mean
+    /// cosine of its caption with their captions, weighted by their clean
+    /// weights. `images` `[n, image_dim]` and `texts` `[n, text_dim]` are
+    /// unit features on any device; NaN when no reference image is left.
+    pub fn score(&self, images: &Tensor, texts: &Tensor, k: usize) -> Result<Vec<f32>> {
+        let n = images.dim(0)?;
+        let device = images.device().clone();
+        let r = self.len();
+        if r == 0 || n == 0 {
+            return Ok(vec![f32::NAN; n]);
+        }
+        let ref_images = Tensor::from_slice(&self.images, (r, self.image_dim), &device)?;
+        let ref_captions = Tensor::from_slice(&self.captions, (r, self.text_dim), &device)?;
+        let mut out = Vec::with_capacity(n);
+        let mut start = 0;
+        while start < n {
+            let len = CHUNK.min(n - start);
+            let qi = images.narrow(0, start, len)?.to_dtype(DType::F32)?;
+            let qt = texts.narrow(0, start, len)?.to_dtype(DType::F32)?;
+            let look: Vec<Vec<f32>> = qi
+                .matmul(&ref_images.t()?)?
+                .to_device(&Device::Cpu)?
+                .to_vec2()?;
+            let agree: Vec<Vec<f32>> = qt
+                .matmul(&ref_captions.t()?)?
+                .to_device(&Device::Cpu)?
+                .to_vec2()?;
+            for (look, agree) in look.iter().zip(&agree) {
+                out.push(self.one(look, agree, k));
+            }
+            start += len;
+        }
+        Ok(out)
+    }
+
+    /// One query: `look[r]` its image's cosine with reference image r,
+    /// `agree[r]` its caption's with r's mean caption.
+    fn one(&self, look: &[f32], agree: &[f32], k: usize) -> f32 {
+        // The k most similar images other than itself, ties to the lower
+        // index, by one pass keeping a sorted short list.
+        let mut best: Vec<(f32, usize)> = Vec::with_capacity(k + 1);
+        for (r, &c) in look.iter().enumerate() {
+            // NaN is never a neighbour either.
+            if c.is_nan() || c >= SAME_IMAGE {
+                continue;
+            }
+            if best.len() == k && best.last().is_some_and(|&(w, _)| c <= w) {
+                continue;
+            }
+            let at = best.partition_point(|&(w, _)| w >= c);
+            best.insert(at, (c, r));
+            best.truncate(k);
+        }
+        let (mut sum, mut total) = (0.0f64, 0.0f64);
+        for &(_, r) in &best {
+            let w = f64::from(self.weights[r].max(0.0) + WEIGHT_FLOOR);
+            sum += w * f64::from(agree[r]);
+            total += w;
+        }
+        if total > 0.0 {
+            (sum / total) as f32
+        } else {
+            f32::NAN
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(v: &[f32]) -> Vec<f32> {
+        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.iter().map(|x| x / n).collect()
+    }
+
+    #[test]
+    fn captions_are_averaged_per_image_by_weight() {
+        // Pairs 0 and 1 show image 0 (weights 1 and 0.5), pair 2 image 1.
+        let images = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0];
+        let texts = [1.0, 0.0, 0.0, 1.0, 0.6, 0.8];
+        let r = Reference::build(
+            &images,
+            &texts,
+            &[0, 0, 1],
+            &[1.0, 0.5, f32::NAN],
+            &[0, 1],
+            (2, 2),
+        );
+        assert_eq!(r.weights, vec![1.5, 0.0]);
+        // ((1 + f) (1, 0) + (0.5 + f) (0, 1)) / (1.5 + 2f), f the floor.
+        let f = WEIGHT_FLOOR;
+        let m = 1.5 + 2.0 * f;
+        assert!(
+            (r.captions[0] - (1.0 + f) / m).abs() < 1e-6
+                && (r.captions[1] - (0.5 + f) / m).abs() < 1e-6
+        );
+        // An image whose captions all weigh 0 keeps their plain mean.
+        assert!((r.captions[2] - 0.6).abs() < 1e-6 && (r.captions[3] - 0.8).abs() < 1e-6);
+        assert_eq!(&r.images[2..], &[0.0, 1.0]);
+        // Keeping image 1 only.
+        let r = Reference::build(&images, &texts, &[0, 0, 1], &[1.0, 0.5, 1.0], &[1], (2, 2));
+        assert_eq!((r.len(), r.weights.clone()), (1, vec![1.0]));
+    }
+
+    #[test]
+    fn score_is_the_weighted_caption_agreement_of_the_nearest_other_images() -> Result<()> {
+        // Three reference images at 0°, 30° and 90°; captions along x, y
+        // and x; weights 1, 1 and 0 (called noisy).
+        let a = unit(&[1.0, 0.0]);
+        let b = unit(&[3f32.sqrt(), 1.0]);
+        let c = unit(&[0.0, 1.0]);
+        let images: Vec<f32> = [a.clone(), b.clone(), c.clone()].concat();
+        let texts = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0];
+        let r = Reference::build(
+            &images,
+            &texts,
+            &[0, 1, 2],
+            &[1.0, 1.0, 0.0],
+            &[0, 1, 2],
+            (2, 2),
+        );
+        let dev = Device::Cpu;
+        // Query: image a itself (excluded as the same image), caption x.
+        // k = 1: the nearest other image is b, caption y: agreement 0.
+        // k = 2: b (weight 1 + floor) and c (floor only, caption x: 1).
+        let qi = Tensor::from_slice(&a, (1, 2), &dev)?;
+        let qt = Tensor::from_slice(&[1.0f32, 0.0], (1, 2), &dev)?;
+        assert_eq!(r.score(&qi, &qt, 1)?, vec![0.0]);
+        let want = (WEIGHT_FLOOR / (1.0 + 2.0 * WEIGHT_FLOOR)) as f32;
+        let got = r.score(&qi, &qt, 2)?[0];
+        assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        // A query no reference image equals keeps all of them.
+        let qi = Tensor::from_slice(&unit(&[1.0, 0.1]), (1, 2), &dev)?;
+        assert_eq!(r.score(&qi, &qt, 1)?, vec![1.0]);
+        // Nothing left: NaN, never a made-up score.
+        let empty = Reference::build(&[], &[], &[], &[], &[], (2, 2));
+        assert!(empty.score(&qi, &qt, 3)?[0].is_nan());
+        Ok(())
+    }
+}

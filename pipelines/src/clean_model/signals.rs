@@ -1,0 +1,235 @@
+//! The clean model's signals of pairs, from the trained networks: the
+//! similarity (the networks' mean of `S_ii`) and the neighbourhood score
+//! against the reference ([`super::Reference`]); and the model fitted on a
+//! training set.
+
+use candle_core::{Device, Tensor};
+use ncclean_models::rng::Rng;
+use ncclean_models::PairInputs;
+
+use super::{Calibration, Reference, Signals, MAX_NEGATIVES};
+use crate::error::Result;
+use crate::net::Net;
+
+/// Pairs embedded per chunk.
+const CHUNK: usize = 512;
+
+/// Tries at drawing a caption of another image for a random pairing.
+const DRAWS: usize = 16;
+
+/// The fitted model with its reference, as kept in a checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CleanModel {
+    /// The map from signals to clean probability.
+    pub calibration: Calibration,
+    /// The reference images of the neighbourhood score.
+    pub reference: Reference,
+    /// Reference images each pair is compared with.
+    pub neighbours: usize,
+}
+
+/// Unit pooled tower features (image, caption) of pairs `idx` under the
+/// first network: the frozen towers' vectors where the towers are frozen.
+fn pooled(nets: &[Net], data: &PairInputs, idx: &[usize]) -> Result<(Tensor, Tensor)> {
+    let net = &nets[0];
+    let (mut is, mut ts) = (Vec::new(), Vec::new());
+    for chunk in idx.chunks(CHUNK) {
+        let (i, t) = net.batch_pooled(data, chunk)?;
+        is.push(i);
+        ts.push(t);
+    }
+    Ok((Tensor::cat(&is, 0)?, Tensor::cat(&ts, 0)?))
+}
+
+/// Joint-space embeddings of pairs `idx`, one `(images, captions)` per
+/// network.
+fn joint(nets: &[Net], data: &PairInputs, idx: &[usize]) -> Result<Vec<(Tensor, Tensor)>> {
+    nets.iter()
+        .map(|net| {
+            let (mut is, mut ts) = (Vec::new(), Vec::new());
+            for chunk in idx.chunks(CHUNK) {
+                let (i, t) = net.batch_embeddings(data, chunk)?;
+                is.push(i.detach());
+                ts.push(t.detach());
+            }
+            Ok((Tensor::cat(&is, 0)?, Tensor::cat(&ts, 0)?))
+        })
+        .collect()
+}
+
+/// Mean over networks of image `a[k]`'s similarity with caption `b[k]`
+/// (rows of the embeddings).
+fn similarity(joint: &[(Tensor, Tensor)], a: &[u32], b: &[u32]) -> Result<Vec<f32>> {
+    let dev = joint[0].0.device();
+    let ia = Tensor::from_slice(a, a.len(), dev)?;
+    let ib = Tensor::from_slice(b, b.len(), dev)?;
+    let mut sum: Option<Tensor> = None;
+    for (vi, vt) in joint {
+        let s = (vi.index_select(&ia, 0)? * vt.index_select(&ib, 0)?)?.sum(1)?;
+        sum = Some(match sum {
+            Some(acc) => (acc + s)?,
+            None => s,
+        });
+    }
+    let n = joint.len() as f64;
+    match sum {
+        Some(s) => Ok((s / n)?.to_device(&Device::Cpu)?.to_vec1()?),
+        None => Ok(vec![f32::NAN; a.len()]),
+    }
+}
+
+impl CleanModel {
+    /// Fit on the training pairs: the reference from at most `max_images`
+    /// of their distinct images (a seeded sample beyond that), each caption
+    /// weighted by `weights` (the method's clean probability); then the
+    /// calibration on `calibration_pairs` against random pairings of them
+    /// (pairs the networks did not train on, so that the calibration
+    /// describes new pairs, not memorised ones). None when too few pairs
+    /// are usable ([`Calibration::fit`]).
+    pub fn fit(
+        nets: &[Net],
+        data: &PairInputs,
+        weights: &[f32],
+        calibration_pairs: &[usize],
+        neighbours: usize,
+        max_images: usize,
+        rng: &mut Rng,
+    ) -> Result<Option<CleanModel>> {
+        let n = data.len();
+        if n == 0 || nets.is_empty() {
+            return Ok(None);
+        }
+        let all: Vec<usize> = (0..n).collect();
+        let (pi, pt) = pooled(nets, data, &all)?;
+        let (_, of) = data.images.distinct();
+        let distinct = of.iter().map(|&g| g as usize + 1).max().unwrap_or(0);
+        let mut keep: Vec<u32> = (0..distinct as u32).collect();
+        if keep.len() > max_images {
+            rng.shuffle(&mut keep);
+            keep.truncate(max_images);
+            keep.sort_unstable();
+        }
+        let dims = (pi.dim(1)?, pt.dim(1)?);
+        let reference = {
+            let host = |t: &Tensor| -> Result<Vec<f32>> {
+                Ok(t.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?)
+            };
+            Reference::build(&host(&pi)?, &host(&pt)?, &of, weights, &keep, dims)
+        };
+        let model = CleanModel {
+            calibration: placeholder(),
+            reference,
+            neighbours,
+        };
+        model.calibrate_on(nets, data, calibration_pairs, rng)
+    }
+
+    /// The same reference with the calibration fitted anew on `data` (its
+    /// pairs against random pairings of them): `score --refit`.
+    pub fn calibrate(
+        &self,
+        nets: &[Net],
+        data: &PairInputs,
+        rng: &mut Rng,
+    ) -> Result<Option<CleanModel>> {
+        let all: Vec<usize> = (0..data.len()).collect();
+        self.calibrate_on(nets, data, &all, rng)
+    }
+
+    /// The same reference with the calibration fitted on pairs `idx` of
+    /// `data` against random pairings among them.
+    fn calibrate_on(
+        &self,
+        nets: &[Net],
+        data: &PairInputs,
+        idx: &[usize],
+        rng: &mut Rng,
+    ) -> Result<Option<CleanModel>> {
+        let n = idx.len();
+        if n == 0 {
+            return Ok(None);
+        }
+        let observed = self.signals_of(nets, data, idx)?;
+        // Random pairings: the image of pair i with the caption of a pair
+        // j showing another image, both among `idx` (positions in it).
+        let (_, of) = data.images.distinct();
+        let m = (n * 20).min(MAX_NEGATIVES);
+        let (mut a, mut b) = (Vec::with_capacity(m), Vec::with_capacity(m));
+        for _ in 0..m {
+            let i = rng.below(n);
+            for _ in 0..DRAWS {
+                let j = rng.below(n);
+                if of[idx[j]] != of[idx[i]] {
+                    a.push(i as u32);
+                    b.push(j as u32);
+                    break;
+                }
+            }
+        }
+        let pairings = if a.is_empty() {
+            Signals::default()
+        } else {
+            let emb = joint(nets, data, idx)?;
+            let (pi, pt) = pooled(nets, data, idx)?;
+            let dev = pi.device();
+            let ia = Tensor::from_slice(&a, a.len(), dev)?;
+            let ib = Tensor::from_slice(&b, b.len(), dev)?;
+            Signals {
+                similarity: similarity(&emb, &a, &b)?,
+                neighbourhood: self.reference.score(
+                    &pi.index_select(&ia, 0)?,
+                    &pt.index_select(&ib, 0)?,
+                    self.neighbours,
+                )?,
+            }
+        };
+        Ok(
+            Calibration::fit(&observed, &pairings).map(|calibration| CleanModel {
+                calibration,
+                reference: self.reference.clone(),
+                neighbours: self.neighbours,
+            }),
+        )
+    }
+
+    /// Both signals of every pair of `data`, a chunk at a time.
+    pub fn signals(&self, nets: &[Net], data: &PairInputs) -> Result<Signals> {
+        let all: Vec<usize> = (0..data.len()).collect();
+        self.signals_of(nets, data, &all)
+    }
+
+    /// Both signals of pairs `idx` of `data`, a chunk at a time.
+    pub fn signals_of(&self, nets: &[Net], data: &PairInputs, idx: &[usize]) -> Result<Signals> {
+        let n = idx.len();
+        let mut out = Signals {
+            similarity: Vec::with_capacity(n),
+            neighbourhood: Vec::with_capacity(n),
+        };
+        for chunk in idx.chunks(CHUNK * 8) {
+            let emb = joint(nets, data, chunk)?;
+            let local: Vec<u32> = (0..chunk.len() as u32).collect();
+            out.similarity.extend(similarity(&emb, &local, &local)?);
+            let (pi, pt) = pooled(nets, data, chunk)?;
+            out.neighbourhood
+                .extend(self.reference.score(&pi, &pt, self.neighbours)?);
+        }
+        Ok(out)
+    }
+
+    /// Clean probabilities of every pair of `data`.
+    pub fn clean_probs(&self, nets: &[Net], data: &PairInputs) -> Result<Vec<f32>> {
+        Ok(self.calibration.clean_probs(&self.signals(nets, data)?))
+    }
+}
+
+/// A calibration to be replaced before use (the reference is built first).
+fn placeholder() -> Calibration {
+    Calibration {
+        origin: [0.0; 2],
+        weights: [0.0; 2],
+        isotonic: super::isotonic::Isotonic { knots: Vec::new() },
+        noise: 0.0,
+        pairs: 0,
+        negatives: 0,
+    }
+}
