@@ -162,6 +162,38 @@ impl SignalCheck {
         }
     }
 
+    /// Whether the model cannot tell its pairs from random pairings at all:
+    /// too few pairs above the random pairings' 99th percentile for any
+    /// division ([`Verdict::NoSignal`], on at least [`MIN_PAIRS`] pairs),
+    /// and an AUROC within chance of 0.5 ([`SignalCheck::chance_auroc`]).
+    /// Its clean_prob would sort pairs at random, so no filter may be made
+    /// of it. A collapsed model (every similarity the same, as after a
+    /// learning rate far too high: AUROC exactly 0.5) is the plainest case;
+    /// a weak model (one short epoch: AUROC 0.6 to 0.7) is only warned of.
+    pub fn no_signal(&self) -> bool {
+        self.verdict(0.0, 0.0, false) == Some(Verdict::NoSignal) && self.auroc < self.chance_auroc()
+    }
+
+    /// The highest AUROC chance gives on this many pairs: 0.5 plus three
+    /// standard errors, `1 / sqrt(12 m)` each for `m` pairs against many
+    /// more random pairings (0.527 on [`SAMPLE_PAIRS`], 0.587 on 100).
+    pub fn chance_auroc(&self) -> f64 {
+        0.5 + 3.0 / (12.0 * self.pairs as f64).sqrt()
+    }
+
+    /// Why a model without signal ([`SignalCheck::no_signal`]) gives no
+    /// labels: the numbers, and what to try.
+    pub fn no_signal_reason(&self) -> String {
+        format!(
+            "the trained model cannot tell its pairs from random pairings of the same images and \
+             captions ({} of {} pairs above 99% of the random pairings, chance is 1%; AUROC \
+             {:.3}), so its clean_prob would call pairs clean or noisy at random",
+            percent(self.matched_share),
+            self.pairs,
+            self.auroc
+        )
+    }
+
     /// `fit`'s warnings: those the [`SignalCheck::verdict`] calls for, given
     /// the mixture's estimated noise rate, the share of the pairs the cut
     /// removes, whether the cut follows the division, and the mixture's
@@ -464,7 +496,19 @@ mod tests {
         let c = SignalCheck::of(&flat, 3).unwrap();
         assert_eq!((c.auroc, c.matched_share), (0.5, 0.0));
         assert!(c.warnings(0.46, 0.5, true, "").is_empty());
+        assert!(!c.no_signal(), "3 pairs are too few to judge");
         let c = SignalCheck { pairs: 1024, ..c };
+        assert!(c.no_signal());
+        assert!((c.chance_auroc() - 0.5271).abs() < 1e-4);
+        // A weak model, plainly above chance, is warned of only.
+        assert!(!SignalCheck { auroc: 0.6, ..c }.no_signal());
+        assert!(
+            c.no_signal_reason().contains(
+                "(0% of 1024 pairs above 99% of the random pairings, chance is 1%; AUROC 0.500)"
+            ),
+            "{}",
+            c.no_signal_reason()
+        );
         let w = c.warnings(0.46, 0.5, true, "separation 0.8");
         assert!(w[0].starts_with("no signal: "), "{}", w[0]);
         assert!(
