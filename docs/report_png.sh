@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Remake docs/report.png (README, "Report"): a report of a vanilla run on
+# Remake docs/report.png (docs/report.md): a report of a vanilla run on
 # 800 generated demo pairs with 30% injected noise, rendered by headless
 # Chromium at 75% scale (about 260 KB). Demo data only: Flickr8k photos may
 # not be redistributed.

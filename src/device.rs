@@ -72,7 +72,7 @@ pub struct Selected {
 }
 
 /// How to rebuild with CUDA, for messages.
-const REBUILD: &str = "rebuild with `bash scripts/build_cuda.sh` (see the README's GPU section)";
+const REBUILD: &str = "rebuild with `bash scripts/build_cuda.sh` (see docs/gpu.md)";
 
 /// Decide the device for `spec` from what `probe` reports.
 ///

@@ -11,7 +11,7 @@ use crate::threshold::Rule;
 /// the similarity.
 #[derive(Debug, Clone, Default, Args)]
 #[group(id = "rule", multiple = false)]
-#[command(next_help_heading = "Clean set (at most one rule; README, \"Choosing a threshold\")")]
+#[command(next_help_heading = "Clean set (at most one rule; docs/thresholds.md)")]
 pub struct ThresholdArgs {
     /// Keep pairs with clean_prob >= P. Without a rule, fit keeps
     /// clean_prob >= 0.5, the method's own division (or the configuration's
