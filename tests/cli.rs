@@ -1735,3 +1735,26 @@ fn nonsense_settings_and_blocking_files_are_refused_up_front() {
         );
     }
 }
+
+/// `score` without DATA scores the files run.json names; when their content
+/// changed since `fit` it says so instead of scoring other data as if it
+/// were the training data (issue #34, item 10).
+#[test]
+fn score_without_data_says_when_the_training_files_changed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 40);
+    let run = tmp.path().join("run");
+    assert_eq!(quick_fit(&data, &run, &[]).status.code(), Some(0));
+    let labels = tmp.path().join("labels.parquet");
+    let score = || ncclean(&["score", "--checkpoint", p(&run), "--out", p(&labels)]);
+    let said = "changed since fit";
+    let out = score();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains(said), "{err}");
+    let other = tmp.path().join("other");
+    ok(&["demo", "--out", p(&other), "--pairs", "40", "--seed", "1"]);
+    std::fs::copy(other.join("demo.parquet"), &data).unwrap();
+    let out = score();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains(said), "{err}");
+}

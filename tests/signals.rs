@@ -183,3 +183,57 @@ fn a_killed_score_leaves_a_temporary_the_next_score_removes() {
     assert!(labels.is_file());
     assert_eq!(temporaries(&outs), Vec::<String>::new());
 }
+
+/// `corrupt` stops at the first SIGINT (exit 130, no output, no temporary);
+/// it used to carry on and write its output (issue #34, item 10).
+#[test]
+fn corrupt_stops_at_the_first_sigint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let raw = tmp.path().join("raw");
+    ok(&[
+        "demo",
+        "--out",
+        p(&raw),
+        "--pairs",
+        "100000",
+        "--embedding-dim",
+        "128",
+    ]);
+    let outs = tmp.path().join("outs");
+    std::fs::create_dir(&outs).unwrap();
+    let out = outs.join("noisy.parquet");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ncclean"))
+        .args([
+            "corrupt",
+            p(&raw.join("demo.parquet")),
+            "--rate",
+            "0.3",
+            "--out",
+            p(&out),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ncclean starts");
+    // Signalled once it writes: the whole table is read by then.
+    let started = Instant::now();
+    while temporaries(&outs).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "no output started"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "corrupt ended first");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: sending a signal to our own child.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) },
+        0
+    );
+    let done = child.wait_with_output().expect("reaped");
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(!out.exists());
+    assert_eq!(temporaries(&outs), Vec::<String>::new());
+}
