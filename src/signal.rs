@@ -42,6 +42,10 @@ pub const MIN_PAIRS: usize = 100;
 /// (chance: 0.01) the model tells pairs from random pairings too poorly for
 /// any division.
 pub const MIN_MATCHED_SHARE: f64 = 0.05;
+/// At most this AUROC of the pairs against random pairings (chance's 0.5,
+/// and float rounding of a tie) marks a model that ranks its pairs no higher
+/// than random pairings ([`SignalCheck::no_signal`]).
+pub const COLLAPSED_AUROC: f64 = 0.5 + 1e-9;
 /// At most this random-like share counts as noise-free data.
 pub const NOISE_FREE_SHARE: f64 = 0.02;
 /// The mixture's noise estimate must exceed the random-like share by this
@@ -165,20 +169,15 @@ impl SignalCheck {
     /// Whether the model cannot tell its pairs from random pairings at all:
     /// too few pairs above the random pairings' 99th percentile for any
     /// division ([`Verdict::NoSignal`], on at least [`MIN_PAIRS`] pairs),
-    /// and an AUROC within chance of 0.5 ([`SignalCheck::chance_auroc`]).
-    /// Its clean_prob would sort pairs at random, so no filter may be made
-    /// of it. A collapsed model (every similarity the same, as after a
-    /// learning rate far too high: AUROC exactly 0.5) is the plainest case;
-    /// a weak model (one short epoch: AUROC 0.6 to 0.7) is only warned of.
+    /// and its pairs ranked no higher than the random pairings (AUROC at
+    /// most [`COLLAPSED_AUROC`]). Its clean_prob would sort pairs at random,
+    /// so no filter may be made of it. A collapsed model (every similarity
+    /// the same, as after a learning rate far too high: AUROC exactly 0.5)
+    /// is the plainest case. A model barely above chance (one short epoch on
+    /// a few hundred pairs: AUROC 0.52 to 0.6) is only warned of: within
+    /// sampling error of chance, it may still have learnt a little.
     pub fn no_signal(&self) -> bool {
-        self.verdict(0.0, 0.0, false) == Some(Verdict::NoSignal) && self.auroc < self.chance_auroc()
-    }
-
-    /// The highest AUROC chance gives on this many pairs: 0.5 plus three
-    /// standard errors, `1 / sqrt(12 m)` each for `m` pairs against many
-    /// more random pairings (0.527 on [`SAMPLE_PAIRS`], 0.587 on 100).
-    pub fn chance_auroc(&self) -> f64 {
-        0.5 + 3.0 / (12.0 * self.pairs as f64).sqrt()
+        self.verdict(0.0, 0.0, false) == Some(Verdict::NoSignal) && self.auroc <= COLLAPSED_AUROC
     }
 
     /// Why a model without signal ([`SignalCheck::no_signal`]) gives no
@@ -499,9 +498,9 @@ mod tests {
         assert!(!c.no_signal(), "3 pairs are too few to judge");
         let c = SignalCheck { pairs: 1024, ..c };
         assert!(c.no_signal());
-        assert!((c.chance_auroc() - 0.5271).abs() < 1e-4);
-        // A weak model, plainly above chance, is warned of only.
-        assert!(!SignalCheck { auroc: 0.6, ..c }.no_signal());
+        // A weak model, above chance, is warned of only.
+        assert!(!SignalCheck { auroc: 0.52, ..c }.no_signal());
+        assert!(SignalCheck { auroc: 0.46, ..c }.no_signal());
         assert!(
             c.no_signal_reason().contains(
                 "(0% of 1024 pairs above 99% of the random pairings, chance is 1%; AUROC 0.500)"
