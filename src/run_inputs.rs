@@ -69,6 +69,16 @@ impl RunInputs {
     }
 }
 
+/// The content fingerprint of the training data that run.json records
+/// (`input_fingerprint`), for the run at `run` (a run directory or its
+/// `checkpoint/`); `None` for a run that records none.
+pub fn recorded_fingerprint(run: &Path) -> Option<String> {
+    let checkpoint = crate::checkpoint::locate(run).ok()?;
+    let path = checkpoint.parent()?.join("run.json");
+    let run = read_json(&path).ok()?;
+    json_field::<String>(&run, "input_fingerprint")
+}
+
 /// The recorded inputs and resolved columns of the run at `run` (a run
 /// directory or its `checkpoint/`, as [`crate::checkpoint::locate`] takes it:
 /// run.json sits beside the checkpoint).
