@@ -1758,3 +1758,24 @@ fn score_without_data_says_when_the_training_files_changed() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && err.contains(said), "{err}");
 }
+
+/// `report` reads its pictures back from the training files by row: when
+/// those files changed since `fit`, it says so (issue #34, item 10).
+#[test]
+fn report_says_when_the_training_files_changed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 40);
+    let run = tmp.path().join("run");
+    assert_eq!(quick_fit(&data, &run, &[]).status.code(), Some(0));
+    let report = || ncclean(&["report", p(&run)]);
+    let said = "changed since fit";
+    let out = report();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains(said), "{err}");
+    let other = tmp.path().join("other");
+    ok(&["demo", "--out", p(&other), "--pairs", "40", "--seed", "1"]);
+    std::fs::copy(other.join("demo.parquet"), &data).unwrap();
+    let out = report();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains(said), "{err}");
+}
