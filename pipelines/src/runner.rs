@@ -151,7 +151,7 @@ fn load_clean_model(
     };
     let r = reference.weights.len();
     if saved.image_dim == 0
-        || reference.projection.len() % saved.image_dim != 0
+        || !reference.projection.len().is_multiple_of(saved.image_dim)
         || reference.images.len() != r * reference.width()
         || reference.captions.len() != r * saved.text_dim
     {
