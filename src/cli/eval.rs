@@ -161,11 +161,13 @@ fn read_truth(path: &Path, truth_col: &str, key_col: Option<&str>) -> Result<Tru
     let graded = match schema.field(truth_idx).data_type() {
         DataType::Boolean => false,
         t if t.is_numeric() => true,
-        t => return Err(invalid(format!(
+        t => {
+            return Err(invalid(format!(
             "{}: truth column {truth_col:?} is {t}; it must be boolean (true = a mismatched pair) \
                  or numeric (a graded rating, higher = a better match)",
             path.display()
-        ))),
+        )))
+        }
     };
     let mut noisy = Vec::new();
     let mut grades = Vec::new();
