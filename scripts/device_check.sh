@@ -19,7 +19,7 @@
 #   --quick      small sizes: seconds (CI runs --cpu-only --quick)
 #
 # Before the call, on this machine (what to carry, measured sizes):
-#   bash scripts/build_cuda.sh && strip target/cuda/release/ncclean
+#   bash scripts/build_cuda.sh           # release, compute capability 90, stripped
 #   python3 scripts/device_check.py prepare target/device-check \
 #     --mobilenet ../shared/models/mobilenet_v2/model.safetensors \
 #     [--minilm ~/.cache/ncclean/all-MiniLM-L6-v2]
