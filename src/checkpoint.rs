@@ -6,9 +6,11 @@
 //! - `<net>.safetensors`: one file per network;
 //! - `pairs.safetensors`: per-pair label state of the training pairs.
 //!
+//! - `manifest.json`: every other file's size and sha256 ([`verify`]).
+//!
 //! The directory is written under a temporary name and renamed into place.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -21,7 +23,7 @@ use sha2::{Digest, Sha256};
 
 use crate::data::ColumnMap;
 use crate::error::{invalid, pipeline_at, Result};
-use crate::hex::hex;
+use crate::hex::{hex, FileDigest};
 use crate::small_file;
 use crate::temp;
 
@@ -69,6 +71,146 @@ pub struct ResumeInfo {
     pub epochs: Vec<EpochStats>,
 }
 
+/// File name of the checkpoint's [`Manifest`].
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+/// What a checkpoint directory held when it was written: each file's size
+/// and sha256, so a changed weight, an edited state or threshold, a cut
+/// vocabulary or a truncated file is refused naming the file, instead of
+/// giving other labels without a word.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// File name → its digest.
+    pub files: BTreeMap<String, FileDigest>,
+}
+
+/// The digest of the file `p`.
+fn digest(p: &Path) -> Result<FileDigest> {
+    Ok(FileDigest::of(p).with_context(|| format!("cannot read {}", p.display()))?)
+}
+
+/// The files of a checkpoint directory the manifest covers: regular files,
+/// not temporaries (dot names), not the manifest itself; sorted.
+fn covered(dir: &Path) -> Result<Vec<String>> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with('.') && n != MANIFEST_FILE)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Write `dir`'s manifest for the files it holds now (after a file was
+/// added: `threshold.json`).
+pub fn write_manifest(dir: &Path) -> Result<()> {
+    let mut m = Manifest::default();
+    for name in covered(dir)? {
+        let d = digest(&dir.join(&name))?;
+        m.files.insert(name, d);
+    }
+    let json = serde_json::to_vec_pretty(&m).context("serialising the checkpoint manifest")?;
+    crate::data::write_atomic(&dir.join(MANIFEST_FILE), &json)
+}
+
+/// Refuse (exit 3, naming the file) a checkpoint directory whose files
+/// differ from its manifest: one changed, missing, added or cut; and, for a
+/// run's `checkpoint/`, one whose [`sha256`] differs from the
+/// `checkpoint_sha256` the run's `run.json` records. A checkpoint with
+/// neither (written before manifests) is not judged. `again` says what to
+/// do about it ("run `ncclean fit` again").
+pub fn verify(dir: &Path, again: &str) -> Result<()> {
+    let manifest_path = dir.join(MANIFEST_FILE);
+    let changed = |name: &str, what: String| {
+        invalid(format!(
+            "{}: {what}; the checkpoint was changed or damaged after it was written, so its \
+             labels would differ without a word: restore the checkpoint, or {again}",
+            dir.join(name).display()
+        ))
+    };
+    if manifest_path.is_file() {
+        let bytes = small_file::read(
+            &manifest_path,
+            small_file::RUN_FILE_LIMIT,
+            "checkpoint manifest",
+        )?;
+        let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| {
+            changed(
+                MANIFEST_FILE,
+                format!("not a valid checkpoint manifest ({e})"),
+            )
+        })?;
+        let present = covered(dir)?;
+        if let Some(extra) = present.iter().find(|n| !m.files.contains_key(*n)) {
+            return Err(changed(
+                extra,
+                "is not one of the files the checkpoint was written with".into(),
+            ));
+        }
+        for (name, want) in &m.files {
+            let p = dir.join(name);
+            if !present.contains(name) {
+                return Err(changed(name, "is missing".into()));
+            }
+            let got = digest(&p)?;
+            if got.bytes != want.bytes {
+                return Err(changed(
+                    name,
+                    format!("holds {} bytes, {} when written", got.bytes, want.bytes),
+                ));
+            }
+            if got.sha256 != want.sha256 {
+                return Err(changed(
+                    name,
+                    format!(
+                        "its content differs from when it was written (sha256 {}, {} then)",
+                        &got.sha256[..16],
+                        &want.sha256[..16.min(want.sha256.len())]
+                    ),
+                ));
+            }
+        }
+    }
+    verify_against_run(dir, again)
+}
+
+/// For `RUN/checkpoint`: compare its [`sha256`] with `RUN/run.json`'s
+/// `checkpoint_sha256`, where there is one.
+fn verify_against_run(dir: &Path, again: &str) -> Result<()> {
+    let Some(run) = dir
+        .parent()
+        .filter(|_| dir.file_name() == Some(std::ffi::OsStr::new("checkpoint")))
+    else {
+        return Ok(());
+    };
+    let run_json = run.join("run.json");
+    if !run_json.is_file() {
+        return Ok(());
+    }
+    let bytes = small_file::read(&run_json, small_file::RUN_FILE_LIMIT, "run file")?;
+    let recorded = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v["checkpoint_sha256"].as_str().map(str::to_string));
+    let Some(recorded) = recorded else {
+        return Ok(());
+    };
+    let now = sha256(dir)?;
+    if now != recorded {
+        return Err(invalid(format!(
+            "{}: its content (sha256 {}) differs from the checkpoint_sha256 that {} records \
+             ({}): the checkpoint was changed or damaged after fit, so its labels would differ \
+             without a word; restore it, or {again}",
+            dir.display(),
+            &now[..16],
+            run_json.display(),
+            &recorded[..16.min(recorded.len())]
+        )));
+    }
+    Ok(())
+}
+
 /// Write a checkpoint for `pipeline` into `dir` (replacing it atomically).
 pub fn save(dir: &Path, state: &CheckpointState, pipeline: &mut dyn Pipeline) -> Result<()> {
     save_with(dir, state, pipeline, None)
@@ -91,6 +233,10 @@ pub fn read_resume(dir: &Path) -> Result<Option<(CheckpointState, ResumeInfo)>> 
     if !p.is_file() {
         return Ok(None);
     }
+    verify(
+        dir,
+        "drop --resume to train from the first epoch (it is replaced)",
+    )?;
     let bytes = small_file::read(&p, small_file::RUN_FILE_LIMIT, "epoch checkpoint")?;
     let info: ResumeInfo = serde_json::from_slice(&bytes).map_err(|e| {
         invalid(format!(
@@ -156,7 +302,7 @@ fn save_with(
         }
         let json = serde_json::to_vec_pretty(state).context("serialising checkpoint state")?;
         std::fs::write(tmp.join("state.json"), json).context("writing state.json")?;
-        Ok(())
+        write_manifest(&tmp)
     })();
     if let Err(e) = written {
         let _ = std::fs::remove_dir_all(&tmp);

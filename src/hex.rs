@@ -11,6 +11,26 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Size and sha256 of one file, as a checkpoint's manifest and a shard's
+/// completion marker record it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileDigest {
+    /// Bytes.
+    pub bytes: u64,
+    /// SHA-256, lower-case hex.
+    pub sha256: String,
+}
+
+impl FileDigest {
+    /// The digest of the file `path`, read a MiB at a time.
+    pub fn of(path: &std::path::Path) -> std::io::Result<FileDigest> {
+        let file = std::fs::File::open(path)?;
+        let bytes = file.metadata()?.len();
+        let sha256 = sha256_hex_of(file)?;
+        Ok(FileDigest { bytes, sha256 })
+    }
+}
+
 /// Lower-case hex of the SHA-256 of `bytes` (64 digits).
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))

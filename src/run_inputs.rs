@@ -69,6 +69,29 @@ impl RunInputs {
     }
 }
 
+/// The content fingerprint of the training data that run.json records
+/// (`input_fingerprint`), for the run at `run` (a run directory or its
+/// `checkpoint/`); `None` for a run that records none.
+pub fn recorded_fingerprint(run: &Path) -> Option<String> {
+    let checkpoint = crate::checkpoint::locate(run).ok()?;
+    let path = checkpoint.parent()?.join("run.json");
+    let run = read_json(&path).ok()?;
+    json_field::<String>(&run, "input_fingerprint")
+}
+
+/// Whether the training files run.json names for the run at `run` changed
+/// since `fit` (their content no longer gives the recorded
+/// `input_fingerprint`, or one cannot be read); `None` for a run that
+/// records no fingerprint or no files.
+pub fn recorded_inputs_changed(run: &Path) -> Option<bool> {
+    let want = recorded_fingerprint(run)?;
+    let (record, _) = read(run).ok()?;
+    Some(
+        crate::data::fingerprint_files(record.files.iter().map(PathBuf::as_path))
+            .map_or(true, |got| got != want),
+    )
+}
+
 /// The recorded inputs and resolved columns of the run at `run` (a run
 /// directory or its `checkpoint/`, as [`crate::checkpoint::locate`] takes it:
 /// run.json sits beside the checkpoint).

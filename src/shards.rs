@@ -224,6 +224,11 @@ pub struct Marker {
     /// What the output was made from: the checkpoint's sha256 for `score`,
     /// the labels' and the rule's for `filter`.
     pub source: String,
+    /// Size and sha256 of the output as written: a rerun redoes a shard
+    /// whose output was truncated, replaced or swapped with another's
+    /// (absent in markers of earlier versions, which are redone).
+    #[serde(default)]
+    pub output_digest: Option<crate::hex::FileDigest>,
     /// The shard's counts.
     pub counts: Counts,
     /// Seconds the shard took.
@@ -308,6 +313,26 @@ pub fn read_marker(out_dir: &Path, stem: &str) -> Option<Marker> {
     out_dir.join(&m.output).is_file().then_some(m)
 }
 
+/// Whether the output a marker describes is still the one it recorded
+/// (size, then sha256); said when not, so "already done" is never claimed
+/// for a truncated or swapped file.
+fn output_intact(out_dir: &Path, m: &Marker, rep: &Reporter) -> bool {
+    let path = out_dir.join(&m.output);
+    let Some(want) = &m.output_digest else {
+        return false;
+    };
+    let intact = std::fs::metadata(&path).is_ok_and(|md| md.len() == want.bytes)
+        && crate::hex::FileDigest::of(&path).is_ok_and(|d| &d == want);
+    if !intact {
+        rep.info(&format!(
+            "{}: differs from what its completion marker recorded (truncated, replaced or \
+             another shard's): done again",
+            path.display()
+        ));
+    }
+    intact
+}
+
 /// Check `out_dir` against the shards: it may not be where a shard lives
 /// (its outputs would be read as inputs next time), and it is created.
 pub fn prepare_out_dir(out_dir: &Path, shards: &[Shard]) -> Result<()> {
@@ -383,7 +408,11 @@ pub fn run(
         let fingerprint = input.fingerprint()?;
         let source = source(shard)?;
         if let Some(m) = read_marker(out_dir, &shard.stem) {
-            if m.command == command && m.source == source && m.input_fingerprint == fingerprint {
+            if m.command == command
+                && m.source == source
+                && m.input_fingerprint == fingerprint
+                && output_intact(out_dir, &m, rep)
+            {
                 rep.info(&format!(
                     "shard {}/{} {}: already done, skipped",
                     i + 1,
@@ -409,6 +438,8 @@ pub fn run(
             path: path.clone(),
         })?;
         let seconds = started.elapsed().as_secs_f64();
+        let output_digest = crate::hex::FileDigest::of(&path)
+            .with_context(|| format!("cannot read {} back", path.display()))?;
         let m = Marker {
             ncclean_version: env!("CARGO_PKG_VERSION").to_string(),
             command: command.to_string(),
@@ -416,6 +447,7 @@ pub fn run(
             output: format!("{}.{ext}", shard.stem),
             input_fingerprint: fingerprint,
             source,
+            output_digest: Some(output_digest),
             counts,
             seconds,
         };
@@ -528,6 +560,7 @@ mod tests {
             output: "s.parquet".into(),
             input_fingerprint: "f".into(),
             source: "c".into(),
+            output_digest: None,
             counts: Counts::default(),
             seconds: 0.0,
         };

@@ -42,6 +42,10 @@ pub const MIN_PAIRS: usize = 100;
 /// (chance: 0.01) the model tells pairs from random pairings too poorly for
 /// any division.
 pub const MIN_MATCHED_SHARE: f64 = 0.05;
+/// At most this AUROC of the pairs against random pairings (chance's 0.5,
+/// and float rounding of a tie) marks a model that ranks its pairs no higher
+/// than random pairings ([`SignalCheck::no_signal`]).
+pub const COLLAPSED_AUROC: f64 = 0.5 + 1e-9;
 /// At most this random-like share counts as noise-free data.
 pub const NOISE_FREE_SHARE: f64 = 0.02;
 /// The mixture's noise estimate must exceed the random-like share by this
@@ -160,6 +164,33 @@ impl SignalCheck {
         } else {
             None
         }
+    }
+
+    /// Whether the model cannot tell its pairs from random pairings at all:
+    /// too few pairs above the random pairings' 99th percentile for any
+    /// division ([`Verdict::NoSignal`], on at least [`MIN_PAIRS`] pairs),
+    /// and its pairs ranked no higher than the random pairings (AUROC at
+    /// most [`COLLAPSED_AUROC`]). Its clean_prob would sort pairs at random,
+    /// so no filter may be made of it. A collapsed model (every similarity
+    /// the same, as after a learning rate far too high: AUROC exactly 0.5)
+    /// is the plainest case. A model barely above chance (one short epoch on
+    /// a few hundred pairs: AUROC 0.52 to 0.6) is only warned of: within
+    /// sampling error of chance, it may still have learnt a little.
+    pub fn no_signal(&self) -> bool {
+        self.verdict(0.0, 0.0, false) == Some(Verdict::NoSignal) && self.auroc <= COLLAPSED_AUROC
+    }
+
+    /// Why a model without signal ([`SignalCheck::no_signal`]) gives no
+    /// labels: the numbers, and what to try.
+    pub fn no_signal_reason(&self) -> String {
+        format!(
+            "the trained model cannot tell its pairs from random pairings of the same images and \
+             captions ({} of {} pairs above 99% of the random pairings, chance is 1%; AUROC \
+             {:.3}), so its clean_prob would call pairs clean or noisy at random",
+            percent(self.matched_share),
+            self.pairs,
+            self.auroc
+        )
     }
 
     /// `fit`'s warnings: those the [`SignalCheck::verdict`] calls for, given
@@ -464,7 +495,19 @@ mod tests {
         let c = SignalCheck::of(&flat, 3).unwrap();
         assert_eq!((c.auroc, c.matched_share), (0.5, 0.0));
         assert!(c.warnings(0.46, 0.5, true, "").is_empty());
+        assert!(!c.no_signal(), "3 pairs are too few to judge");
         let c = SignalCheck { pairs: 1024, ..c };
+        assert!(c.no_signal());
+        // A weak model, above chance, is warned of only.
+        assert!(!SignalCheck { auroc: 0.52, ..c }.no_signal());
+        assert!(SignalCheck { auroc: 0.46, ..c }.no_signal());
+        assert!(
+            c.no_signal_reason().contains(
+                "(0% of 1024 pairs above 99% of the random pairings, chance is 1%; AUROC 0.500)"
+            ),
+            "{}",
+            c.no_signal_reason()
+        );
         let w = c.warnings(0.46, 0.5, true, "separation 0.8");
         assert!(w[0].starts_with("no signal: "), "{}", w[0]);
         assert!(

@@ -17,9 +17,49 @@ pub const CONFIG_LIMIT: u64 = 1 << 20;
 /// is not an ncclean file.
 pub const RUN_FILE_LIMIT: u64 = 16 << 20;
 
+/// Refuse (exit 3) a path that is there but not a regular file: opening a
+/// named pipe waits for a writer forever (and a signal does not end the
+/// wait), a device like `/dev/zero` never ends. A missing path passes, for
+/// the open to say so.
+pub fn check_regular(path: &Path, what: &str) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(invalid(format!(
+            "{what} {} is {}, not a regular file; give the path of a file",
+            path.display(),
+            if m.is_dir() {
+                "a directory"
+            } else {
+                special(&m)
+            }
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// What a path that is neither a file nor a directory is.
+fn special(m: &std::fs::Metadata) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let t = m.file_type();
+        if t.is_fifo() {
+            return "a named pipe";
+        }
+        if t.is_char_device() || t.is_block_device() {
+            return "a device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    let _ = m;
+    "something else"
+}
+
 /// The bytes of `path` when it holds at most `limit` of them; `what` names
 /// the file in the errors ("config file", "checkpoint state").
 pub fn read(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>> {
+    check_regular(path, what)?;
     let cannot = |e: std::io::Error| invalid(format!("cannot read {what} {}: {e}", path.display()));
     let file = std::fs::File::open(path).map_err(cannot)?;
     let mut bytes = Vec::new();
@@ -69,8 +109,21 @@ mod tests {
 
     #[cfg(unix)]
     #[test]
-    fn an_endless_file_stops_at_the_limit() {
+    fn endless_and_blocking_files_are_refused_before_they_are_opened() {
         let e = read(Path::new("/dev/zero"), 1 << 20, "config file").unwrap_err();
-        assert!(e.to_string().contains("larger than 1 MiB"), "{e}");
+        assert_eq!(e.exit_code(), 3);
+        assert!(
+            e.to_string()
+                .contains("/dev/zero is a device, not a regular file"),
+            "{e}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo reads a NUL-terminated path and creates a node.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Opened, this would wait for a writer forever.
+        let e = read(&fifo, 1 << 20, "config file").unwrap_err();
+        assert!(e.to_string().contains("is a named pipe"), "{e}");
     }
 }

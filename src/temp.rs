@@ -138,6 +138,11 @@ pub fn find(path: &Path) -> Result<Vec<Found>> {
         _ => Path::new("."),
     };
     let prefix = format!(".{}.", file_name(path));
+    // A writer that put its own temporary inside this path's temporary
+    // (`..<name>.tmp-<pid>.tmp-<pid>`, as `score --out` once did)
+    // leaves a name no sweep of the temporary itself would ever look for:
+    // it is this path's temporary too, owned by the last pid.
+    let nested = format!("..{}.{}-", file_name(path), Kind::Tmp.tag());
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -147,6 +152,14 @@ pub fn find(path: &Path) -> Result<Vec<Found>> {
     for entry in entries {
         let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
         let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(pid) = name.strip_prefix(&nested).and_then(nested_pid) {
+            found.push(Found {
+                path: entry.path(),
+                kind: Kind::Tmp,
+                pid,
+            });
+            continue;
+        }
         let Some(rest) = name.strip_prefix(&prefix) else {
             continue;
         };
@@ -166,6 +179,17 @@ pub fn find(path: &Path) -> Result<Vec<Found>> {
     }
     found.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(found)
+}
+
+/// The writer's pid of a nested temporary's tail, `<pid>.tmp-<pid>`.
+fn nested_pid(rest: &str) -> Option<u32> {
+    let (outer, inner) = rest.split_once('.')?;
+    outer.parse::<u32>().ok()?;
+    inner
+        .strip_prefix(Kind::Tmp.tag())?
+        .strip_prefix('-')?
+        .parse()
+        .ok()
 }
 
 fn remove(path: &Path) -> Result<()> {
@@ -387,7 +411,13 @@ mod tests {
         std::fs::write(&live, b"busy").unwrap();
         let other = dir.path().join(".labels.parquet.tmp-notapid");
         std::fs::write(&other, b"x").unwrap();
+        // A temporary's own temporary, as `score --out` used to leave.
+        let nested = dir
+            .path()
+            .join(format!("..labels.parquet.tmp-{dead}.tmp-{dead}"));
+        std::fs::write(&nested, b"half").unwrap();
         let found = sweep(&out).unwrap();
+        assert!(!nested.exists());
         assert_eq!(found.len(), 1);
         assert_eq!((found[0].pid, found[0].kind), (1, Kind::Tmp));
         assert!(!stale.exists() && !stale_old.exists());

@@ -590,7 +590,9 @@ impl Record {
     /// Write into the checkpoint directory `dir` (atomically).
     pub fn save(&self, dir: &Path) -> Result<()> {
         let json = serde_json::to_vec_pretty(self).context("serialising the threshold record")?;
-        crate::data::write_atomic(&dir.join(RECORD_FILE), &json)
+        crate::data::write_atomic(&dir.join(RECORD_FILE), &json)?;
+        // The manifest covers the record too: an edited cut is refused.
+        crate::checkpoint::write_manifest(dir)
     }
 
     /// The record in the checkpoint directory `dir`; `None` for a
@@ -612,6 +614,21 @@ impl Record {
             .rule
             .validate()
             .map_err(|e| invalid(format!("{}: {e}; run `ncclean fit` again", p.display())))?;
+        // A cut outside [0, 1] keeps every pair or none whatever the model
+        // says (KEEP_NONE is the one deliberate value above 1).
+        let m = r.cut.min_prob;
+        if !(m.is_finite() && ((0.0..=1.0).contains(&m) || m == KEEP_NONE)) {
+            return Err(invalid(format!(
+                "{}: min_prob {m} is not a cut (clean_prob lies in [0, 1]); run `ncclean fit` again",
+                p.display()
+            )));
+        }
+        if let Some(s) = r.cut.min_similarity.filter(|s| !s.is_finite()) {
+            return Err(invalid(format!(
+                "{}: min_similarity {s} is not a number a similarity can reach; run `ncclean fit` again",
+                p.display()
+            )));
+        }
         Ok(Some(r))
     }
 }

@@ -841,6 +841,7 @@ fn a_bad_method_configuration_exits_2_from_fit_and_from_score() {
         serde_json::from_slice(&std::fs::read(&state_path).unwrap()).unwrap();
     state["method"] = "crcl".into();
     std::fs::write(&state_path, serde_json::to_vec(&state).unwrap()).unwrap();
+    common::reseal(&run);
     let out = ncclean(&[
         "score",
         p(&data),
@@ -855,6 +856,7 @@ fn a_bad_method_configuration_exits_2_from_fit_and_from_score() {
     state["method"] = "vanilla".into();
     state["config"]["hidden"] = 1_000_000_000u64.into();
     std::fs::write(&state_path, serde_json::to_vec(&state).unwrap()).unwrap();
+    common::reseal(&run);
     let score = || {
         ncclean(&[
             "score",
@@ -869,6 +871,7 @@ fn a_bad_method_configuration_exits_2_from_fit_and_from_score() {
     state["config"]["hidden"] = 8u64.into();
     state["model"]["hidden"] = 1_000_000_000u64.into();
     std::fs::write(&state_path, serde_json::to_vec(&state).unwrap()).unwrap();
+    common::reseal(&run);
     assert_snapshot("score_checkpoint_model_too_wide", &score(), tmp.path());
     assert!(!tmp.path().join("s.parquet").exists());
 }
@@ -1629,4 +1632,150 @@ fn fit_score_and_report_default_to_the_run_in_the_current_directory() {
     succeeded(&out);
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains("ncclean-run holds a run fitted on noisy.parquet: it is replaced"));
+}
+
+/// One 20 MB caption without a space is no vocabulary word: `fit` trains
+/// and writes its run. The demo text tower's vocabulary used to take it
+/// whole, and fit failed after training ("state.json is larger than 16
+/// MiB") (issue #34, item 9).
+#[test]
+fn a_huge_word_stays_out_of_the_vocabulary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 60);
+    let huge = tmp.path().join("huge.parquet");
+    common::hostile::rewrite(&data, &huge, 1000, false, |col, row, v| {
+        if col == "caption" && row == 0 {
+            "x".repeat(20 << 20)
+        } else {
+            v.to_string()
+        }
+    });
+    let run = tmp.path().join("run");
+    let out = quick_fit(&huge, &run, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state = std::fs::metadata(run.join("checkpoint/state.json")).unwrap();
+    assert!(state.len() < 1 << 20, "state.json: {} bytes", state.len());
+}
+
+/// Settings that cannot be meant are refused before any work (exit 2), and
+/// a named pipe given as a file to read is refused at once (exit 3) instead
+/// of waiting for a writer forever (issue #34, item 10).
+#[cfg(unix)]
+#[test]
+fn nonsense_settings_and_blocking_files_are_refused_up_front() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 40);
+    let run = tmp.path().join("r");
+    let fit = |extra: &[&str]| {
+        let mut args = vec!["fit", p(&data), "--out-dir", p(&run)];
+        args.extend_from_slice(extra);
+        ncclean(&args)
+    };
+    for (extra, says) in [
+        (
+            &["--lr", "1e-300"][..],
+            "lr = 1e-300 is out of range: at least 1e-10",
+        ),
+        (
+            &["--set", "lr_decay_epochs=[1000000000000]"][..],
+            "lr_decay_epochs = [.., 1000000000000, ..] is out of range",
+        ),
+        (
+            &["--set", "epochs=5", "--epochs", "2"][..],
+            "--set epochs=5 and --epochs 2 both set epochs; give one of them",
+        ),
+    ] {
+        let out = fit(extra);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(err.contains(says), "{extra:?}: {err}");
+    }
+    assert!(!run.exists());
+
+    let fifo = tmp.path().join("pipe");
+    let c = std::ffi::CString::new(p(&fifo)).unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path and creates a node.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let filtered = tmp.path().join("f.parquet");
+    for args in [
+        vec!["fit", p(&data), "--out-dir", p(&run), "--config", p(&fifo)],
+        vec![
+            "filter",
+            p(&data),
+            "--labels",
+            p(&fifo),
+            "--out",
+            p(&filtered),
+        ],
+    ] {
+        // Run with a deadline: the defect was a wait without end.
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ncclean"))
+            .args(&args)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > std::time::Duration::from_secs(60) {
+                child.kill().unwrap();
+                panic!("{args:?} still waits on the pipe");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("{} is a named pipe, not a regular file", p(&fifo))),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// `score` without DATA scores the files run.json names; when their content
+/// changed since `fit` it says so instead of scoring other data as if it
+/// were the training data (issue #34, item 10).
+#[test]
+fn score_without_data_says_when_the_training_files_changed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 40);
+    let run = tmp.path().join("run");
+    assert_eq!(quick_fit(&data, &run, &[]).status.code(), Some(0));
+    let labels = tmp.path().join("labels.parquet");
+    let score = || ncclean(&["score", "--checkpoint", p(&run), "--out", p(&labels)]);
+    let said = "changed since fit";
+    let out = score();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains(said), "{err}");
+    let other = tmp.path().join("other");
+    ok(&["demo", "--out", p(&other), "--pairs", "40", "--seed", "1"]);
+    std::fs::copy(other.join("demo.parquet"), &data).unwrap();
+    let out = score();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains(said), "{err}");
+}
+
+/// `report` reads its pictures back from the training files by row: when
+/// those files changed since `fit`, it says so (issue #34, item 10).
+#[test]
+fn report_says_when_the_training_files_changed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = demo(tmp.path(), 40);
+    let run = tmp.path().join("run");
+    assert_eq!(quick_fit(&data, &run, &[]).status.code(), Some(0));
+    let report = || ncclean(&["report", p(&run)]);
+    let said = "changed since fit";
+    let out = report();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains(said), "{err}");
+    let other = tmp.path().join("other");
+    ok(&["demo", "--out", p(&other), "--pairs", "40", "--seed", "1"]);
+    std::fs::copy(other.join("demo.parquet"), &data).unwrap();
+    let out = report();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains(said), "{err}");
 }

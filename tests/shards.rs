@@ -637,3 +637,60 @@ fn a_fifo_or_device_as_data_is_named_for_what_it_is() {
         assert!(err.contains(what) && !err.contains("empty"), "{err}");
     }
 }
+
+/// A completion marker carries its output's size and sha256: a truncated
+/// labels file, or one shard's labels copied over another's, is scored
+/// again on rerun instead of reported "already done" (issue #34, item 7).
+#[test]
+fn a_rerun_redoes_shards_whose_output_differs_from_its_marker() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    ok(&[
+        "demo",
+        "--out",
+        p(&data),
+        "--pairs",
+        "1200",
+        "--embedding-dim",
+        "16",
+        "--shards",
+        "4",
+        "--seed",
+        "4",
+    ]);
+    let run = tmp.path().join("run");
+    let fitted = quick_fit(&data, &run, &[]);
+    assert!(
+        fitted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fitted.stderr)
+    );
+    let labels = tmp.path().join("labels");
+    let score = || {
+        summary(&ncclean(&[
+            "score",
+            p(&data),
+            "--checkpoint",
+            p(&run),
+            "--out-dir",
+            p(&labels),
+        ]))
+    };
+    assert_eq!(score()["done"], 4);
+    let file = |k: usize| labels.join(format!("demo-{k:05}.parquet"));
+    let before: Vec<Vec<LabelRow>> = (0..4).map(|k| read_labels(&file(k)).unwrap().0).collect();
+    let bytes = std::fs::read(file(1)).unwrap();
+    std::fs::write(file(1), &bytes[..bytes.len() / 2]).unwrap();
+    std::fs::copy(file(3), file(2)).unwrap();
+    let s = score();
+    assert_eq!(
+        (s["done"].as_u64(), s["already_done"].as_u64()),
+        (Some(2), Some(2)),
+        "{s}"
+    );
+    for (k, rows) in before.iter().enumerate() {
+        assert_eq!(&read_labels(&file(k)).unwrap().0, rows, "shard {k}");
+    }
+    // Intact outputs are trusted: a third run redoes nothing.
+    assert_eq!(score()["already_done"], 4);
+}

@@ -116,3 +116,124 @@ fn a_signal_stops_fit_cleanly_and_keeps_the_previous_run() {
     assert!(snapshot(&run) != before);
     assert!(!resume.exists(), "the epoch checkpoint has served");
 }
+
+/// `score --out` killed with SIGKILL leaves its temporary beside the output
+/// (nothing can remove it then); the next `score --out` to the same path
+/// sweeps it. It used to be named after a temporary of its own
+/// (`..OUT.tmp-PID.tmp-PID`), which no sweep ever looked for (issue #34,
+/// item 5).
+#[test]
+fn a_killed_score_leaves_a_temporary_the_next_score_removes() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Embeddings: fast to fit, and enough of them that scoring takes a
+    // while to catch it in.
+    let raw = tmp.path().join("raw");
+    ok(&[
+        "demo",
+        "--out",
+        p(&raw),
+        "--pairs",
+        "40000",
+        "--embedding-dim",
+        "64",
+    ]);
+    let data = raw.join("demo.parquet");
+    let run = tmp.path().join("run");
+    let fitted = common::quick_fit(&data, &run, &["--method", "vanilla"]);
+    assert!(
+        fitted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fitted.stderr)
+    );
+    let outs = tmp.path().join("outs");
+    std::fs::create_dir(&outs).unwrap();
+    let labels = outs.join("labels.parquet");
+    let args = [
+        "score",
+        p(&data),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&labels),
+    ];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ncclean"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ncclean starts");
+    let started = Instant::now();
+    while temporaries(&outs).is_empty() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "score ended before its labels were started"
+        );
+        assert!(started.elapsed() < Duration::from_secs(300), "no temporary");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left = temporaries(&outs);
+    assert!(!left.is_empty() && !labels.exists(), "{left:?}");
+    assert!(
+        left.iter().all(|n| !n.starts_with("..")),
+        "a temporary of a temporary: {left:?}"
+    );
+    ok(&args);
+    assert!(labels.is_file());
+    assert_eq!(temporaries(&outs), Vec::<String>::new());
+}
+
+/// `corrupt` stops at the first SIGINT (exit 130, no output, no temporary);
+/// it used to carry on and write its output (issue #34, item 10).
+#[test]
+fn corrupt_stops_at_the_first_sigint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let raw = tmp.path().join("raw");
+    ok(&[
+        "demo",
+        "--out",
+        p(&raw),
+        "--pairs",
+        "100000",
+        "--embedding-dim",
+        "128",
+    ]);
+    let outs = tmp.path().join("outs");
+    std::fs::create_dir(&outs).unwrap();
+    let out = outs.join("noisy.parquet");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ncclean"))
+        .args([
+            "corrupt",
+            p(&raw.join("demo.parquet")),
+            "--rate",
+            "0.3",
+            "--out",
+            p(&out),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ncclean starts");
+    // Signalled once it writes: the whole table is read by then.
+    let started = Instant::now();
+    while temporaries(&outs).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "no output started"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "corrupt ended first");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: sending a signal to our own child.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) },
+        0
+    );
+    let done = child.wait_with_output().expect("reaped");
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(!out.exists());
+    assert_eq!(temporaries(&outs), Vec::<String>::new());
+}

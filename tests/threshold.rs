@@ -302,7 +302,8 @@ fn fit_warns_on_noise_free_data_and_on_data_without_signal() {
     assert_eq!(kept, s["warnings"]);
     assert!(s["mixture"]["separation"].as_f64().is_some());
 
-    // Every caption on another image: nothing to learn.
+    // Every caption on another image: nothing to learn but the pairs
+    // themselves (AUROC about 0.6 on the training pairs), so a warning.
     let shuffled = data(tmp.path(), "shuffled", 1.0);
     let run = tmp.path().join("shuffled-run");
     let err = fit(&shuffled, &run, &[]);
@@ -341,6 +342,79 @@ fn fit_warns_on_noise_free_data_and_on_data_without_signal() {
         "{err}"
     );
     assert_eq!(s["warnings"].as_array().unwrap().len(), 1, "{s}");
+}
+
+/// A model collapsed by a learning rate far too high scores every pair
+/// alike (every similarity 0.0, every clean_prob 1.0): `fit` makes no run
+/// of it, and `score` refuses a run whose stats.json records no signal (as
+/// earlier versions wrote them) instead of calling every pair clean (issue
+/// #34, item 1).
+#[test]
+fn a_collapsed_model_makes_no_filter_in_fit_or_score() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The demo's images through the demo towers, as the audit ran it.
+    let pictures = common::noisy_demo_of(&tmp.path().join("pictures"), 1000);
+    for (name, flags) in [
+        ("lr", &["--lr", "100"][..]),
+        ("margin", &["--set", "margin=1e30"][..]),
+    ] {
+        let run = tmp.path().join(name);
+        let mut args = vec![
+            "fit",
+            p(&pictures),
+            "--epochs",
+            "2",
+            "--warmup-epochs",
+            "1",
+            "--out-dir",
+            p(&run),
+            "--method",
+            "vanilla",
+        ];
+        args.extend_from_slice(flags);
+        let out = ncclean(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{name}: {err}");
+        assert!(
+            err.contains("no signal: the trained model cannot tell its pairs from random pairings")
+                && err.contains("no run was written"),
+            "{name}: {err}"
+        );
+        assert!(!run.exists(), "{name}");
+    }
+
+    // A good model passes; its run, recorded as a collapsed one was before
+    // this check, is refused by score.
+    let noisy = data(tmp.path(), "noisy", 0.3);
+    let run = tmp.path().join("run");
+    fit(&noisy, &run, &[]);
+    let labels = tmp.path().join("labels.parquet");
+    let score = || {
+        ncclean(&[
+            "score",
+            p(&noisy),
+            "--checkpoint",
+            p(&run),
+            "--out",
+            p(&labels),
+        ])
+    };
+    assert_eq!(score().status.code(), Some(0));
+    std::fs::remove_file(&labels).unwrap();
+    let mut s = stats(&run);
+    s["signal"]["matched_share"] = 0.0.into();
+    s["signal"]["auroc"] = 0.5.into();
+    std::fs::write(run.join("stats.json"), s.to_string()).unwrap();
+    let out = score();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("no signal: the trained model cannot tell its pairs")
+            && err.contains("(0% of 1024 pairs above 99% of the random pairings")
+            && err.contains("stats.json"),
+        "{err}"
+    );
+    assert!(!labels.exists());
 }
 
 #[test]
@@ -591,6 +665,7 @@ fn a_share_rule_cuts_inside_a_tie_by_similarity() {
     record.cut.min_prob = f64::from(at.clean_prob.unwrap());
     record.cut.min_similarity = Some(f64::from(at.similarity.unwrap()) + 1e-3);
     record.save(&ckpt).unwrap();
+    common::reseal(&run);
     let again = tmp.path().join("again.parquet");
     let out = ok(&[
         "score",

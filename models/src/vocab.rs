@@ -23,6 +23,13 @@ pub struct Vocab {
     index: HashMap<String, u32>,
 }
 
+/// Longest word (in characters) that may enter a vocabulary: longer runs of
+/// letters and digits (a URL-safe blob, a caption with no spaces) are not
+/// words anyone searches by, and one 20 MB "word" would make the stored
+/// vocabulary, and so the checkpoint's state, 20 MB. Such words encode as
+/// unknown.
+pub const MAX_WORD_CHARS: usize = 64;
+
 /// Split a caption into lower-case alphanumeric words.
 pub fn words(caption: &str) -> impl Iterator<Item = String> + '_ {
     caption
@@ -46,7 +53,9 @@ impl Vocab {
             // seen by the model, and counting them let one long caption of
             // distinct words fill the table (and `max_size`) with them.
             for w in words(c).take(max_len) {
-                *counts.entry(w).or_default() += 1;
+                if w.chars().count() <= MAX_WORD_CHARS {
+                    *counts.entry(w).or_default() += 1;
+                }
             }
         }
         let mut list: Vec<(String, usize)> = counts
@@ -115,6 +124,12 @@ mod tests {
 
     #[test]
     fn max_len_and_serde_round_trip() {
+        // A word longer than MAX_WORD_CHARS is no vocabulary word: it
+        // encodes as unknown and takes no room in the stored vocabulary.
+        let blob = "q".repeat(MAX_WORD_CHARS + 1);
+        let v = Vocab::build([blob.as_str(), "b"], 1, 100, 8);
+        assert_eq!(v.words, ["b"]);
+        assert_eq!(v.encode(&blob), [UNK]);
         let v = Vocab::build(["x y z w"].iter().copied(), 1, 100, 2);
         assert_eq!(v.encode("x y z w").len(), 2);
         // Words past the cut are not counted: z and w never reach the model.

@@ -107,6 +107,8 @@ pub const MAX_BATCH: usize = 16_384;
 /// Widest head layer (`joint_dim`, `hidden`, `word_dim`): the heads' weights
 /// and Adam's moments grow with its square.
 pub const MAX_WIDTH: usize = 16_384;
+/// Smallest learning rate that changes a weight ([`TrainConfig::validate`]).
+pub const MIN_LR: f64 = 1e-10;
 
 impl TrainConfig {
     /// Check every shared key's range before any input is read; the error
@@ -144,6 +146,23 @@ impl TrainConfig {
             if !(v.is_finite() && v > 0.0) {
                 return bad(key, &v, "a finite number > 0");
             }
+        }
+        // Below this an f32 weight does not move at all (its spacing near
+        // 0.1 is ~7e-9): training would run every epoch and learn nothing.
+        if self.lr < MIN_LR {
+            return bad(
+                "lr",
+                &format!("{:e}", self.lr),
+                &format!("at least {MIN_LR:e}"),
+            );
+        }
+        // An epoch past any run's last is never reached: a typo, not a schedule.
+        if let Some(e) = self.lr_decay_epochs.iter().find(|&&e| e > MAX_EPOCHS) {
+            return bad(
+                "lr_decay_epochs",
+                &format!("[.., {e}, ..]"),
+                &format!("epochs up to {MAX_EPOCHS}"),
+            );
         }
         for (key, v) in [("margin", self.margin), ("grad_clip", self.grad_clip)] {
             if !(v.is_finite() && v >= 0.0) {

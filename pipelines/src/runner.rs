@@ -119,6 +119,7 @@ impl Streams {
 const REFERENCE_IMAGES: &str = "clean_model.reference.images";
 const REFERENCE_CAPTIONS: &str = "clean_model.reference.captions";
 const REFERENCE_WEIGHTS: &str = "clean_model.reference.weights";
+const REFERENCE_PROJECTION: &str = "clean_model.reference.projection";
 
 /// The clean model from its JSON state and its reference arrays, checked
 /// for consistent sizes.
@@ -146,9 +147,12 @@ fn load_clean_model(
         weights: take(REFERENCE_WEIGHTS)?,
         image_dim: saved.image_dim,
         text_dim: saved.text_dim,
+        projection: pairs.remove(REFERENCE_PROJECTION).unwrap_or_default(),
     };
     let r = reference.weights.len();
-    if reference.images.len() != r * saved.image_dim
+    if saved.image_dim == 0
+        || reference.projection.len() % saved.image_dim != 0
+        || reference.images.len() != r * reference.width()
         || reference.captions.len() != r * saved.text_dim
     {
         return Err(bad(format!(
@@ -772,6 +776,9 @@ impl<M: Method> Pipeline for Runner<M> {
             out.push((REFERENCE_IMAGES.into(), r.images.clone()));
             out.push((REFERENCE_CAPTIONS.into(), r.captions.clone()));
             out.push((REFERENCE_WEIGHTS.into(), r.weights.clone()));
+            if !r.projection.is_empty() {
+                out.push((REFERENCE_PROJECTION.into(), r.projection.clone()));
+            }
         }
         out
     }

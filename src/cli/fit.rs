@@ -110,24 +110,25 @@ fn method_names() -> clap::builder::PossibleValuesParser {
 /// Flags that override the configuration, as a partial TOML table.
 fn overrides(a: &FitArgs) -> Result<toml::Table> {
     let mut t = ncclean_pipelines::config::parse_sets(&a.sets).map_err(Error::Usage)?;
-    let mut int = |k: &str, v: Option<usize>| {
-        if let Some(v) = v {
-            // Saturated: a count past i64 is refused by validate as out of
-            // range, naming the key (a wrapped -1 was not).
-            t.insert(
-                k.into(),
-                toml::Value::Integer(i64::try_from(v).unwrap_or(i64::MAX)),
-            );
+    // Saturated: a count past i64 is refused by validate as out of range,
+    // naming the key (a wrapped -1 was not).
+    let int = |v: usize| toml::Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
+    let flags = [
+        ("epochs", "--epochs", a.epochs.map(int)),
+        ("warmup_epochs", "--warmup-epochs", a.warmup_epochs.map(int)),
+        ("batch_size", "--batch-size", a.batch_size.map(int)),
+        ("lr", "--lr", a.lr.map(toml::Value::Float)),
+        ("head", "--head", a.head.clone().map(toml::Value::String)),
+    ];
+    for (key, flag, value) in flags {
+        let Some(value) = value else { continue };
+        // One of the two would be dropped without a word.
+        if let Some(set) = t.get(key) {
+            return Err(Error::Usage(format!(
+                "--set {key}={set} and {flag} {value} both set {key}; give one of them"
+            )));
         }
-    };
-    int("epochs", a.epochs);
-    int("warmup_epochs", a.warmup_epochs);
-    int("batch_size", a.batch_size);
-    if let Some(lr) = a.lr {
-        t.insert("lr".into(), toml::Value::Float(lr));
-    }
-    if let Some(h) = &a.head {
-        t.insert("head".into(), toml::Value::String(h.clone()));
+        t.insert(key.into(), value);
     }
     Ok(t)
 }

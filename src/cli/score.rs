@@ -83,12 +83,15 @@ pub fn run(mut a: ScoreArgs, rep: &Reporter) -> Result<()> {
     let chosen = crate::device::choose(&a.device)?;
     let run = run_inputs::run_dir_or_default(a.checkpoint.as_deref(), "--checkpoint DIR")?;
     let mut engine = Engine::load(&run, &chosen.device)?;
+    refuse_without_signal(&engine)?;
+    let mut recorded = None;
     if a.data.data.is_empty() && a.shards.files_from.is_none() {
         let files = RunInputs::fill(&mut a.data, &run)?;
         rep.info(&format!(
             "no DATA given: scoring the training data of {} ({files} file(s), read as fit read them)",
             run.display()
         ));
+        recorded = run_inputs::recorded_fingerprint(&run);
     }
     if let Some(rule) = rule {
         engine.use_rule(rule)?;
@@ -102,8 +105,42 @@ pub fn run(mut a: ScoreArgs, rep: &Reporter) -> Result<()> {
     ));
     match (&a.out_dir, &a.out) {
         (Some(dir), _) => run_shards(&a, dir, &engine, rep),
-        (None, Some(out)) => run_one(&a, out, &engine, rep),
+        (None, Some(out)) => run_one(&a, out, &engine, recorded.as_deref(), rep),
         (None, None) => Err(Error::Usage("give --out FILE or --out-dir DIR".into())),
+    }
+}
+
+/// Refuse a checkpoint whose run recorded that the model cannot tell its
+/// training pairs from random pairings (stats.json's `signal`, as runs of
+/// earlier versions were written with): its labels would be at random,
+/// typically every pair clean. Runs without stats.json are not judged.
+fn refuse_without_signal(engine: &Engine) -> Result<()> {
+    let Some(run) = engine
+        .dir
+        .parent()
+        .filter(|_| engine.dir.file_name() == Some(std::ffi::OsStr::new("checkpoint")))
+    else {
+        return Ok(());
+    };
+    let stats = run.join("stats.json");
+    if !stats.is_file() {
+        return Ok(());
+    }
+    let bytes = crate::small_file::read(&stats, crate::small_file::RUN_FILE_LIMIT, "run file")?;
+    let recorded = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| {
+            serde_json::from_value::<crate::signal::SignalCheck>(v["signal"].clone()).ok()
+        });
+    match recorded {
+        Some(s) if s.no_signal() => Err(crate::error::invalid(format!(
+            "{}: no signal: {} ({}); nothing was scored. Fit again (a lower --lr, or the \
+             method's default) and score with the new run",
+            run.display(),
+            s.no_signal_reason(),
+            stats.display()
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -231,11 +268,30 @@ fn file_of(input: &InputSet, i: usize) -> InputSet {
 }
 
 /// `--out`: one labels file (and `--filtered`), written a file at a time.
-fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result<()> {
+/// `recorded`: the training data's fingerprint when DATA was taken from
+/// run.json, to say when those files changed since `fit`.
+fn run_one(
+    a: &ScoreArgs,
+    out: &Path,
+    engine: &Engine,
+    recorded: Option<&str>,
+    rep: &Reporter,
+) -> Result<()> {
     a.shards.check_unused()?;
     let input = a
         .data
         .open_options(&engine.input_options(a.data.options_with(&a.images)))?;
+    if let Some(want) = recorded {
+        if input.fingerprint()? != want {
+            crate::progress::warn_once(&format!(
+                "the files run.json names as the training data changed since fit (their \
+                 content differs from the input_fingerprint it records): scoring them as they \
+                 are now, which is not the data {} was trained on; name the data to score \
+                 (DATA) to make that choice explicit",
+                engine.dir.display()
+            ));
+        }
+    }
     let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
     crate::rundir::check_not_an_input(out, &files, "--out")?;
     crate::rundir::check_not_in_input_dir(out, &a.data.data, "--out")?;
@@ -250,7 +306,7 @@ fn run_one(a: &ScoreArgs, out: &Path, engine: &Engine, rep: &Reporter) -> Result
     // Both outputs are finished under temporary names, then renamed in
     // together: an interrupt never leaves new labels beside an old filter.
     let labels_out = crate::temp::Pending::new(out)?;
-    let mut writer = LabelsWriter::create(labels_out.tmp_path())?;
+    let mut writer = LabelsWriter::create_in(labels_out.tmp_path())?;
     let mut total = Counts::default();
     let mut tally = crate::threshold::Tally::default();
     let mut seconds = 0.0;

@@ -197,31 +197,8 @@ impl InputSet {
         if let Some(f) = self.fingerprint.get() {
             return Ok(f.clone());
         }
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        for f in &self.files {
-            let mut file =
-                File::open(&f.path).with_context(|| format!("opening {}", f.path.display()))?;
-            let len = file
-                .metadata()
-                .with_context(|| format!("reading {}", f.path.display()))?
-                .len();
-            // The length prefix keeps [ab][c] and [a][bc] apart.
-            hasher.update(len.to_le_bytes());
-            loop {
-                let n = file
-                    .read(&mut buf)
-                    .with_context(|| format!("reading {}", f.path.display()))?;
-                if n == 0 {
-                    break;
-                }
-                hasher.update(&buf[..n]);
-            }
-        }
-        Ok(self
-            .fingerprint
-            .get_or_init(|| hex(&hasher.finalize()))
-            .clone())
+        let f = fingerprint_files(self.files.iter().map(|f| f.path.as_path()))?;
+        Ok(self.fingerprint.get_or_init(|| f).clone())
     }
 
     /// Display name of a file as given (used in labels' `source_file`).
@@ -614,6 +591,32 @@ impl Iterator for PairIter<'_> {
             }
         }
     }
+}
+
+/// sha256 (hex) over the content of `paths` in order, each prefixed with
+/// its length ([`InputSet::fingerprint`]; run.json's `input_fingerprint`).
+pub fn fingerprint_files<'a>(paths: impl Iterator<Item = &'a Path>) -> Result<String> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for path in paths {
+        let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let len = file
+            .metadata()
+            .with_context(|| format!("reading {}", path.display()))?
+            .len();
+        // The length prefix keeps [ab][c] and [a][bc] apart.
+        hasher.update(len.to_le_bytes());
+        loop {
+            let n = file
+                .read(&mut buf)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+    }
+    Ok(hex(&hasher.finalize()))
 }
 
 #[cfg(test)]

@@ -33,8 +33,8 @@ pub use filter::{
     write_filtered, write_filtered_annotated, write_filtered_as, Annotations, FilterSummary,
     OutputFormat,
 };
-pub(crate) use input::is_empty_shard;
 pub use input::MAX_EMBEDDING_DIM;
+pub(crate) use input::{fingerprint_files, is_empty_shard};
 pub use keys::{for_each_key, positional_key, DuplicateKeys};
 pub use labels::{
     read_labels, write_labels, LabelRow, LabelsWriter, RowStatus, COLUMNS as LABEL_COLUMNS,

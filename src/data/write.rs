@@ -53,6 +53,9 @@ pub struct AtomicParquetWriter {
     writer: Option<ArrowWriter<File>>,
     tmp: PathBuf,
     path: PathBuf,
+    /// Rename `tmp` to `path` on finish; false when `path` is itself a
+    /// temporary that the caller renames ([`AtomicParquetWriter::create_in`]).
+    rename: bool,
 }
 
 impl AtomicParquetWriter {
@@ -64,6 +67,29 @@ impl AtomicParquetWriter {
     ) -> Result<Self> {
         ensure_parent(path)?;
         let tmp = temp_path(path)?;
+        Self::start(tmp, path, true, schema, metadata)
+    }
+
+    /// Write straight into `tmp`, a temporary the caller owns and renames
+    /// into place (a [`crate::temp::Pending`]): a temporary of its own
+    /// would be named after the caller's (`..<name>.tmp-<pid>.tmp-<pid>`),
+    /// which no sweep of the final path finds after a kill.
+    pub fn create_in(
+        tmp: &Path,
+        schema: SchemaRef,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Self> {
+        ensure_parent(tmp)?;
+        Self::start(tmp.to_path_buf(), tmp, false, schema, metadata)
+    }
+
+    fn start(
+        tmp: PathBuf,
+        path: &Path,
+        rename: bool,
+        schema: SchemaRef,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Self> {
         let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let kv: Vec<KeyValue> = metadata
             .iter()
@@ -80,6 +106,7 @@ impl AtomicParquetWriter {
             writer: None,
             tmp,
             path: path.to_path_buf(),
+            rename,
         };
         let writer = ArrowWriter::try_new(file, schema, Some(props))
             .with_context(|| format!("starting parquet output {}", path.display()))?;
@@ -126,7 +153,9 @@ impl AtomicParquetWriter {
         file.sync_all()
             .with_context(|| format!("syncing {}", self.tmp.display()))?;
         drop(file);
-        commit(&self.tmp, &self.path)?;
+        if self.rename {
+            commit(&self.tmp, &self.path)?;
+        }
         // Renamed: nothing left for Drop to remove.
         self.tmp = PathBuf::new();
         Ok(())

@@ -23,6 +23,31 @@ use crate::progress::Reporter;
 use crate::signal::{self, SignalCheck};
 use crate::threshold::{self, Bound, Cut, Ranked, Record, Rule, Tally};
 
+/// Refuse a state whose vocabulary does not fit its text tower: ids past
+/// the tower's embedding table would fail in the middle of scoring, and a
+/// smaller vocabulary (cut) would map words to other embeddings.
+fn check_vocab(dir: &Path, state: &CheckpointState) -> Result<()> {
+    let tower = match state.model.text {
+        TextTowerConfig::DemoBow { vocab_size, .. } => Some(vocab_size),
+        _ => None,
+    };
+    let words = state.vocab.as_ref().map(|v| v.size());
+    let wrong = match (words, tower) {
+        (Some(w), Some(t)) if w != t => Some(format!(
+            "its vocabulary holds {w} ids but the text tower was built for {t}"
+        )),
+        (None, Some(_)) => Some("the demo text tower has no vocabulary".into()),
+        _ => None,
+    };
+    match wrong {
+        Some(w) => Err(invalid(format!(
+            "{}: {w}; the checkpoint was changed or damaged: restore it, or run `ncclean fit` again",
+            dir.join("state.json").display()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Pairs of a signal check's sample embedded at a time.
 const SIGNAL_PIECE: usize = 128;
 
@@ -67,6 +92,7 @@ impl Engine {
     /// Load the checkpoint in `path` (a run directory or its `checkpoint/`).
     pub fn load(path: &Path, device: &Device) -> Result<Engine> {
         let dir = checkpoint::locate(path)?;
+        checkpoint::verify(&dir, "run `ncclean fit` again")?;
         let state = checkpoint::read_state(&dir)?;
         // The checks `fit` makes before training: a damaged or edited state
         // fails here, naming the key, instead of aborting on allocation.
@@ -78,6 +104,7 @@ impl Engine {
                 dir.display()
             ))
         })?;
+        check_vocab(&dir, &state)?;
         let mut pipeline = ncclean_pipelines::build(
             &state.method,
             state.config.clone(),

@@ -215,6 +215,7 @@ pub fn fit(
         train_pairs: prepared.ok.len(),
         pipeline: pipeline.state(),
     };
+    check_state_size(&make_state(pipeline.as_ref()))?;
     let resume_dir = rundir::resume_dir(run_dir.out());
     // A sample is the training data: another sample is other data.
     let training_data = match &sample {
@@ -330,6 +331,20 @@ pub fn fit(
     let division = division_summary(&engine.state)?;
     let all: Vec<usize> = (0..prepared.ok.len()).collect();
     let signal = engine.signal_check(&prepared.inputs, &all)?;
+    // A model that cannot tell its pairs from random pairings (collapsed by
+    // a learning rate far too high, or given columns that do not belong
+    // together) calls pairs clean at random, often every one of them: no
+    // run, no filter, whatever the division made of it.
+    if let Some(s) = signal.filter(SignalCheck::no_signal) {
+        return Err(invalid(format!(
+            "no signal: {}; no run was written to {}. Check that the image and caption columns \
+             belong together and that the towers suit the data; a learning rate too high \
+             collapses the model (every similarity the same): lower --lr, or keep the \
+             method's default",
+            s.no_signal_reason(),
+            opts.out_dir.display()
+        )));
+    }
     let mut warnings: Vec<String> = division.warning().into_iter().collect();
     if division.fallback.is_none() {
         if let Some(s) = &signal {
@@ -424,6 +439,28 @@ pub fn fit(
             .with_context(|| format!("cannot remove {}", resume_dir.display()))?;
     }
     Ok(summary)
+}
+
+/// Refuse, before any epoch, a checkpoint state that would be too large to
+/// be read back (`score`, and `fit` itself after training, read state.json
+/// bounded by [`crate::small_file::RUN_FILE_LIMIT`]): half of it, as
+/// training adds the division and its statistics.
+fn check_state_size(state: &CheckpointState) -> Result<()> {
+    let bytes = serde_json::to_vec(state)
+        .context("serialising checkpoint state")?
+        .len() as u64;
+    let limit = crate::small_file::RUN_FILE_LIMIT / 2;
+    if bytes > limit {
+        let vocab = state.vocab.as_ref().map_or(0, |v| v.words.len());
+        return Err(invalid(format!(
+            "the checkpoint state would take {} MiB (vocabulary of {vocab} words), more than the \
+             {} MiB a checkpoint may hold; nothing was trained. Check the caption column (is it \
+             text?), or give precomputed text embeddings",
+            bytes >> 20,
+            limit >> 20
+        )));
+    }
+    Ok(())
 }
 
 /// The final division of a checkpoint, summarised.

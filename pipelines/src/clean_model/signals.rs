@@ -115,6 +115,7 @@ impl CleanModel {
                 Ok(t.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?)
             };
             Reference::build(&host(&pi)?, &host(&pt)?, &of, weights, &keep, dims)
+                .compress(super::reference::SEARCH_DIM)?
         };
         let model = CleanModel {
             calibration: placeholder(),
