@@ -29,8 +29,10 @@
 #   4. Builds into target/cuda (release, or debug with --debug) and, unless
 #      --check, copies cuBLAS, cuBLASLt, cuRAND and NVRTC (nvidia-cublas,
 #      nvidia-curand, nvidia-cuda-nvrtc wheels, ~0.8 GB, mostly cuBLASLt) to
-#      cuda-libs/ next to the binary. The binary's RUNPATH is $ORIGIN/cuda-libs,
-#      so copying the binary together with cuda-libs/ is enough; the machine
+#      cuda-libs/ next to the binary, which it strips. The binary finds cuda-libs/
+#      beside itself, else $NCCLEAN_CUDA_LIBS, else the nvidia/*/lib folders of
+#      the Python environment on PATH (PyTorch's wheels; src/cuda_libs.rs), so
+#      copying the binary together with cuda-libs/ is enough; the machine
 #      that runs it needs only the NVIDIA driver (libcuda.so.1, driver >= 580
 #      for CUDA 13). Without a driver the binary still starts: --device auto
 #      runs on the CPU and says why, --device cuda exits 2 naming what is missing.
@@ -133,6 +135,12 @@ else
 fi
 bin=$CARGO_TARGET_DIR/$profile/ncclean
 echo "built in $(( $(date +%s) - start ))s"
+# Stripped, so it travels in the 64 MiB a lent GPU machine accepts
+# (scripts/device_check.sh).
+if [ "$profile" = release ] && command -v strip >/dev/null 2>&1; then
+  strip "$bin"
+fi
+echo "binary size: $(du -h "$bin" | cut -f1)"
 
 # 5. The libraries the binary loads at run time, next to it.
 # (A separate pip target: pip --target skips packages whose top-level
@@ -151,7 +159,9 @@ done
 echo
 echo "binary:    $bin"
 echo "libraries: $libs ($(du -sh "$libs" | cut -f1); found through the binary's RUNPATH)"
-echo "Copy both to the GPU machine (it needs only the NVIDIA driver), then e.g.:"
+echo "Copy both to the GPU machine (it needs only the NVIDIA driver), or only the binary where"
+echo "PyTorch's CUDA 13 wheels are in the Python environment on PATH, then e.g.:"
 echo "  $bin fit DATA --out-dir RUN            # --device auto picks cuda:0"
 echo "  bash scripts/gpu_check.sh $bin         # parity, throughput, training speed"
-echo "If the libraries are moved elsewhere: export LD_LIBRARY_PATH=$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+echo "  bash scripts/device_check.sh OUT           # the same, with PyTorch side by side"
+echo "If the libraries are moved elsewhere: export NCCLEAN_CUDA_LIBS=/new/place/cuda-libs"

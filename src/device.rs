@@ -8,8 +8,11 @@
 //! A CUDA build loads the driver (`libcuda.so.1`) and cuBLAS, cuRAND and
 //! NVRTC at run time (`scripts/build_cuda.sh` builds it that way), so the
 //! same binary starts on a machine without a driver. Before any CUDA call
-//! the libraries are probed with `dlopen`: cudarc panics when one is
-//! missing, and a panic is not a message a user can act on.
+//! the driver is probed with `dlopen` and the libraries are found and
+//! loaded by [`crate::cuda_libs`] (`cuda-libs/` beside the binary,
+//! `$NCCLEAN_CUDA_LIBS`, the Python environment on PATH): cudarc panics
+//! when one is missing, and a panic is not a message a user can act on.
+//! Where they came from is part of the `device:` line.
 
 use candle_core::Device;
 
@@ -56,8 +59,9 @@ pub fn parse(spec: &str) -> Result<DeviceSpec> {
 pub trait CudaProbe {
     /// Whether this binary was built with `--features cuda`.
     fn built(&self) -> bool;
-    /// Ok when the driver and the CUDA libraries load; else what is missing.
-    fn libraries(&self) -> std::result::Result<(), String>;
+    /// Where the CUDA libraries were loaded from, once the driver and they
+    /// load; else what is missing.
+    fn libraries(&self) -> std::result::Result<String, String>;
     /// Open CUDA device `ordinal`: the device and a name for the log line.
     fn open(&self, ordinal: usize) -> std::result::Result<(Device, String), String>;
 }
@@ -91,13 +95,14 @@ pub fn select(spec: DeviceSpec, probe: &dyn CudaProbe) -> Result<Selected> {
             if !probe.built() {
                 return Ok(cpu("this build has no CUDA".into()));
             }
-            if let Err(e) = probe.libraries() {
-                return Ok(cpu(format!("CUDA build, but {e}")));
-            }
+            let libs = match probe.libraries() {
+                Ok(libs) => libs,
+                Err(e) => return Ok(cpu(format!("CUDA build, but {e}"))),
+            };
             match probe.open(0) {
                 Ok((device, name)) => Ok(Selected {
                     device,
-                    line: format!("device: cuda:0 ({name})"),
+                    line: format!("device: cuda:0 ({name}; CUDA libraries from {libs})"),
                 }),
                 Err(e) => Ok(cpu(format!("CUDA build, but cuda:0 did not open: {e}"))),
             }
@@ -109,22 +114,26 @@ pub fn select(spec: DeviceSpec, probe: &dyn CudaProbe) -> Result<Selected> {
                      or {REBUILD}"
                 )));
             }
-            if let Err(e) = probe.libraries() {
-                let fix = if e.starts_with(RUNTIME_LIBRARIES[0].what) {
-                    "install the NVIDIA driver"
-                } else {
-                    "keep the cuda-libs/ directory scripts/build_cuda.sh made beside the binary \
-                     (or put it on LD_LIBRARY_PATH)"
-                };
-                return Err(Error::Usage(format!(
-                    "--device cuda:{n}: this is a CUDA build, but {e}; {fix}, or use --device cpu \
-                     (or auto)"
-                )));
-            }
+            let libs = match probe.libraries() {
+                Ok(libs) => libs,
+                Err(e) => {
+                    // The library search's message already says where to
+                    // put the libraries; only the driver needs a fix here.
+                    let fix = if e.starts_with(DRIVER.what) {
+                        "install the NVIDIA driver, or "
+                    } else {
+                        "or "
+                    };
+                    return Err(Error::Usage(format!(
+                        "--device cuda:{n}: this is a CUDA build, but {e}; {fix}use --device cpu \
+                         (or auto)"
+                    )));
+                }
+            };
             match probe.open(n) {
                 Ok((device, name)) => Ok(Selected {
                     device,
-                    line: format!("device: cuda:{n} ({name})"),
+                    line: format!("device: cuda:{n} ({name}; CUDA libraries from {libs})"),
                 }),
                 Err(e) => Err(Error::Usage(format!(
                     "cannot open CUDA device {n}: {e}; use --device cpu (or auto)"
@@ -142,11 +151,9 @@ impl CudaProbe for SystemProbe {
         cfg!(feature = "cuda")
     }
 
-    fn libraries(&self) -> std::result::Result<(), String> {
-        for lib in RUNTIME_LIBRARIES {
-            load_any(lib)?;
-        }
-        Ok(())
+    fn libraries(&self) -> std::result::Result<String, String> {
+        load_any(&DRIVER)?;
+        crate::cuda_libs::locate_and_load(&crate::cuda_libs::Inputs::current(), &dlopen)
     }
 
     fn open(&self, ordinal: usize) -> std::result::Result<(Device, String), String> {
@@ -154,8 +161,8 @@ impl CudaProbe for SystemProbe {
     }
 }
 
-/// A shared library the CUDA build loads at run time, and the file names
-/// tried for it (the ones cudarc tries, for CUDA 12 and 13 toolkits).
+/// A shared library the CUDA build loads at run time by name, and the file
+/// names tried for it.
 pub struct RuntimeLibrary {
     /// What it is, for messages.
     pub what: &'static str,
@@ -163,29 +170,12 @@ pub struct RuntimeLibrary {
     pub names: &'static [&'static str],
 }
 
-/// The driver first: without it nothing else matters.
-pub const RUNTIME_LIBRARIES: &[RuntimeLibrary] = &[
-    RuntimeLibrary {
-        what: "no driver found",
-        names: &["libcuda.so.1", "libcuda.so"],
-    },
-    RuntimeLibrary {
-        what: "cuBLAS is missing",
-        names: &["libcublas.so.13", "libcublas.so.12", "libcublas.so"],
-    },
-    RuntimeLibrary {
-        what: "cuBLASLt is missing",
-        names: &["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"],
-    },
-    RuntimeLibrary {
-        what: "cuRAND is missing",
-        names: &["libcurand.so.10", "libcurand.so"],
-    },
-    RuntimeLibrary {
-        what: "NVRTC is missing",
-        names: &["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"],
-    },
-];
+/// The driver: not shipped, it comes with the machine (found by name).
+/// cuBLAS, cuRAND and NVRTC are found by [`crate::cuda_libs`].
+pub const DRIVER: RuntimeLibrary = RuntimeLibrary {
+    what: "no driver found",
+    names: &["libcuda.so.1", "libcuda.so"],
+};
 
 /// `dlopen` the first of `lib.names` that loads (the handle is kept: the
 /// CUDA code loads the same file again and gets it for free), or say what
@@ -208,8 +198,9 @@ pub fn load_any(lib: &RuntimeLibrary) -> std::result::Result<(), String> {
     ))
 }
 
+/// `dlopen` one library by name or path, keeping it loaded.
 #[cfg(unix)]
-fn dlopen(name: &str) -> std::result::Result<(), String> {
+pub(crate) fn dlopen(name: &str) -> std::result::Result<(), String> {
     let c = std::ffi::CString::new(name).map_err(|e| e.to_string())?;
     // SAFETY: a valid C string; RTLD_LAZY|RTLD_LOCAL only maps the library
     // (and runs its initialisers, which for these libraries touch no GPU).
@@ -230,7 +221,7 @@ fn dlopen(name: &str) -> std::result::Result<(), String> {
 }
 
 #[cfg(not(unix))]
-fn dlopen(_name: &str) -> std::result::Result<(), String> {
+pub(crate) fn dlopen(_name: &str) -> std::result::Result<(), String> {
     Err("run-time loading of CUDA libraries is only supported on Linux".into())
 }
 
@@ -280,7 +271,7 @@ mod tests {
     /// opening or not.
     struct Fake {
         built: bool,
-        libs: std::result::Result<(), String>,
+        libs: std::result::Result<String, String>,
         opens: bool,
     }
 
@@ -288,7 +279,7 @@ mod tests {
         fn built(&self) -> bool {
             self.built
         }
-        fn libraries(&self) -> std::result::Result<(), String> {
+        fn libraries(&self) -> std::result::Result<String, String> {
             self.libs.clone()
         }
         fn open(&self, ordinal: usize) -> std::result::Result<(Device, String), String> {
@@ -307,7 +298,11 @@ mod tests {
     fn fake(built: bool, libs: bool, opens: bool) -> Fake {
         Fake {
             built,
-            libs: if libs { Ok(()) } else { Err(NO_DRIVER.into()) },
+            libs: if libs {
+                Ok("cuda-libs/ beside the binary (/opt/x/cuda-libs)".into())
+            } else {
+                Err(NO_DRIVER.into())
+            },
             opens,
         }
     }
@@ -340,7 +335,10 @@ mod tests {
             line(fake(true, true, false)),
             "device: cpu (CUDA build, but cuda:0 did not open: CUDA_ERROR_NO_DEVICE)"
         );
-        assert_eq!(line(fake(true, true, true)), "device: cuda:0 (Fake GPU 0)");
+        assert_eq!(
+            line(fake(true, true, true)),
+            "device: cuda:0 (Fake GPU 0; CUDA libraries from cuda-libs/ beside the binary (/opt/x/cuda-libs))"
+        );
         for p in [fake(false, false, false), fake(true, false, false)] {
             assert!(select(DeviceSpec::Auto, &p).unwrap().device.is_cpu());
         }
@@ -362,16 +360,19 @@ mod tests {
         assert!(msg.contains("install the NVIDIA driver"), "{msg}");
         let no_cublas = Fake {
             built: true,
-            libs: Err("cuBLAS is missing: libcublas.so.13 could not be loaded (...)".into()),
+            libs: Err("cuBLAS not found (looked in: ...); put cuda-libs/ ...".into()),
             opens: true,
         };
         let msg = select(DeviceSpec::Cuda(0), &no_cublas)
             .unwrap_err()
             .to_string();
         assert!(
-            msg.contains("but cuBLAS is missing") && msg.contains("cuda-libs/"),
+            msg.contains(
+                "but cuBLAS not found (looked in: ...); put cuda-libs/ ...; or use --device cpu"
+            ),
             "{msg}"
         );
+        assert!(!msg.contains("driver"), "{msg}");
 
         let e = select(DeviceSpec::Cuda(2), &fake(true, true, false)).unwrap_err();
         assert_eq!(e.exit_code(), 2);
@@ -380,7 +381,10 @@ mod tests {
             .contains("cannot open CUDA device 2: CUDA_ERROR_NO_DEVICE"));
 
         let ok = select(DeviceSpec::Cuda(1), &fake(true, true, true)).unwrap();
-        assert_eq!(ok.line, "device: cuda:1 (Fake GPU 1)");
+        assert_eq!(
+            ok.line,
+            "device: cuda:1 (Fake GPU 1; CUDA libraries from cuda-libs/ beside the binary (/opt/x/cuda-libs))"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod build_info;
 pub mod checkpoint;
 pub mod cli;
 pub mod corrupt;
+pub mod cuda_libs;
 pub mod data;
 pub mod demo;
 pub mod device;

@@ -12,6 +12,7 @@ use crate::progress::{LogFormat, Reporter};
 
 mod completions;
 mod corrupt;
+mod cuda_libs;
 mod demo;
 mod eval;
 mod filter;
@@ -107,6 +108,9 @@ enum Command {
     /// Measure a GPU machine: CPU/CUDA parity, decode and tower throughput, training speed (JSON).
     #[command(hide = true)]
     GpuCheck(gpu_check::GpuCheckArgs),
+    /// Say where the NVIDIA driver and the CUDA libraries are found, and whether they load.
+    #[command(hide = true)]
+    CudaLibs(cuda_libs::CudaLibsArgs),
     /// Print a shell completion script (bash, zsh, fish, powershell, elvish).
     Completions(completions::CompletionsArgs),
     /// Print the man page, ncclean(1), or a subcommand's (`ncclean man fit`).
@@ -464,6 +468,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Report(a) => report::run(a, &rep),
         Command::Towers(a) => towers::run(a, &rep),
         Command::GpuCheck(a) => gpu_check::run(a, &rep),
+        Command::CudaLibs(a) => cuda_libs::run(a, &rep),
         Command::Completions(a) => completions::run(a, &rep),
         Command::Man(a) => man::run(a, &rep),
     }

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The one command to run on a GPU machine (issue #36): the device and the
+# CUDA libraries found; ncclean's CPU-vs-CUDA parity (MobileNetV2, MiniLM,
+# a CLIP-B/32-shaped tower), tower throughput at batch 256 in f32/f16, JPEG
+# decode img/s on all cores, seconds per epoch of vanilla and gsc on 30k
+# generated pairs (all from `ncclean gpu-check`); and the same towers in
+# PyTorch on the same GPU (scripts/device_check.py torch), for a ratio.
+# Writes OUT/device_check.json and OUT/device_check.md (the table for
+# BENCHMARKS.md), plus the parts (system, libraries, ncclean, torch .json).
+#
+#   bash scripts/device_check.sh OUT [--binary BIN] [--assets DIR] [--cpu-only] [--quick]
+#
+#   OUT          folder for the results (created)
+#   --binary     the ncclean to check (default target/cuda/release/ncclean,
+#                else target/release/ncclean, else target/debug/ncclean)
+#   --assets     a folder made by `prepare` below (default target/device-check)
+#   --cpu-only   rehearsal without a GPU: ncclean on the CPU, PyTorch on the
+#                CPU (skipped with a message when torch is not importable)
+#   --quick      small sizes: seconds (CI runs --cpu-only --quick)
+#
+# Before the call, on this machine (what to carry, measured sizes):
+#   bash scripts/build_cuda.sh           # release, compute capability 90, stripped
+#   python3 scripts/device_check.py prepare target/device-check \
+#     --mobilenet ../shared/models/mobilenet_v2/model.safetensors \
+#     [--minilm ~/.cache/ncclean/all-MiniLM-L6-v2]
+#   MobileNetV2 is 13.6 MiB, MiniLM in f16 44 MiB (f32: 87 MiB, too large);
+#   the binary's size plus these must stay under 64 MiB: leave --minilm out
+#   when it does not fit (MiniLM's rows then say "skipped: not found").
+# The call (run tool), in one command of at most 8 minutes:
+#   carry: ["target/cuda/release/ncclean", "target/device-check"]
+#   command: bash scripts/device_check.sh "$OUT/check"
+#   timeout_s: 540
+# cuBLAS, cuRAND and NVRTC come from the machine's PyTorch environment
+# (python3 on PATH: site-packages/nvidia/*/lib), not from cuda-libs/.
+#
+# Exit status: 0 done (the table says what passed); 2 usage or no CUDA device
+# without --cpu-only; 4 a tower outside its parity tolerance.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+usage() { echo "usage: device_check.sh OUT [--binary BIN] [--assets DIR] [--cpu-only] [--quick]" >&2; exit 2; }
+[ $# -ge 1 ] || usage
+out=$1; shift
+case "$out" in -*) usage ;; esac
+bin= assets=$here/target/device-check cpu_only= quick=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --binary) bin=${2:?--binary needs a file}; shift 2 ;;
+    --assets) assets=${2:?--assets needs a folder}; shift 2 ;;
+    --cpu-only) cpu_only=1; shift ;;
+    --quick) quick=1; shift ;;
+    *) echo "device_check.sh: unknown argument $1" >&2; usage ;;
+  esac
+done
+if [ -z "$bin" ]; then
+  for b in target/cuda/release/ncclean target/release/ncclean target/debug/ncclean; do
+    [ -x "$here/$b" ] && { bin=$here/$b; break; }
+  done
+fi
+[ -n "$bin" ] && [ -x "$bin" ] || { echo "device_check.sh: no ncclean binary (give --binary BIN)" >&2; exit 2; }
+mkdir -p "$out" || exit 2
+start=$(date +%s)
+say() { echo "device_check.sh [$(( $(date +%s) - start ))s]: $*" >&2; }
+
+# The towers' weights: the prepared assets, else this checkout's.
+mobilenet=$assets/mobilenet_v2/model.safetensors
+[ -f "$mobilenet" ] || mobilenet=${NCCLEAN_SHARED:-$here/../shared}/models/mobilenet_v2/model.safetensors
+minilm=$assets/minilm
+[ -f "$minilm/config.json" ] || minilm=${NCCLEAN_MINILM_DIR:-$HOME/.cache/ncclean/all-MiniLM-L6-v2}
+
+# 1. The machine and the libraries.
+gpu=none
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | head -n 1)
+fi
+python3 - "$out/system.json" "$gpu" "$bin" <<'PY'
+import json, os, sys
+json.dump({"gpu": sys.argv[2], "cores": os.cpu_count(), "binary": sys.argv[3],
+           "binary_mib": round(os.path.getsize(sys.argv[3]) / 2**20, 1)}, open(sys.argv[1], "w"))
+PY
+"$bin" cuda-libs --json > "$out/libraries.json"
+say "GPU: $gpu; $("$bin" cuda-libs | sed -n 's/^libraries: //p')"
+
+# 2. ncclean's measurements (parity, throughput, decode, training).
+mode=()
+[ -n "$cpu_only" ] && mode+=(--cpu-only)
+[ -n "$quick" ] && mode+=(--quick)
+weights=(--mobilenet "$mobilenet")
+[ -f "$minilm/config.json" ] && weights+=(--minilm "$minilm")
+say "ncclean gpu-check ${mode[*]}"
+timeout 330 "$bin" gpu-check --json "$out/ncclean.json" "${mode[@]}" "${weights[@]}"
+rc=$?
+case $rc in
+  0|4) ;;
+  124) say "ncclean gpu-check ran past 330 s"; echo '{"skipped": "ran past 330 s"}' > "$out/ncclean.json" ;;
+  *) say "ncclean gpu-check failed (exit $rc)"; [ -n "$cpu_only" ] || exit "$rc" ;;
+esac
+
+# 3. The same towers in PyTorch on the same device.
+say "PyTorch towers"
+torch_args=(--out "$out/torch.json" --device "$([ -n "$cpu_only" ] && echo cpu || echo cuda)" --mobilenet "$mobilenet" --minilm "$minilm")
+[ -n "$quick" ] && torch_args+=(--quick)
+if ! timeout 120 python3 "$here/scripts/device_check.py" torch "${torch_args[@]}"; then
+  say "the PyTorch side failed or ran past 120 s"
+  echo '{"skipped": "failed or ran past 120 s; see stderr"}' > "$out/torch.json"
+fi
+
+# 4. One JSON, one table.
+python3 "$here/scripts/device_check.py" report "$out" || exit 1
+say "wrote $out/device_check.json and $out/device_check.md"
+cat "$out/device_check.md"
+exit "$rc"

@@ -1,0 +1,70 @@
+//! `ncclean cuda-libs` (hidden): where this binary finds the NVIDIA driver
+//! and the CUDA libraries, and whether they load. Any build can run it (the
+//! search is plain Rust), so the search is testable without a GPU, and
+//! `scripts/device_check.sh` records it on the GPU machine.
+
+use clap::Args;
+use serde_json::json;
+
+use crate::cuda_libs::{self, Inputs};
+use crate::device::{self, DRIVER};
+use crate::error::Result;
+use crate::progress::Reporter;
+
+/// Say where the CUDA libraries would be loaded from, and load them.
+#[derive(Debug, Args)]
+pub struct CudaLibsArgs {
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Search, load, and print what was found on stdout. Exit 0 either way:
+/// this reports; `--device cuda` is what refuses.
+pub fn run(a: CudaLibsArgs, _rep: &Reporter) -> Result<()> {
+    let driver = device::load_any(&DRIVER);
+    let search = cuda_libs::search(&Inputs::current());
+    let loaded = cuda_libs::load_search(&search, &device::dlopen);
+    let files: Vec<String> = search
+        .found
+        .iter()
+        .flat_map(|f| f.files.iter().map(|p| p.display().to_string()))
+        .collect();
+    if a.json {
+        let v = json!({
+            "built_with_cuda": cfg!(feature = "cuda"),
+            "driver": match &driver { Ok(()) => json!({"loaded": true}), Err(e) => json!({"loaded": false, "error": e}) },
+            "libraries": match &loaded { Ok(from) => json!({"loaded": true, "from": from, "files": files}), Err(e) => json!({"loaded": false, "error": e}) },
+            "looked": search.looked,
+        });
+        println!("{v}");
+        return Ok(());
+    }
+    let mut out = String::new();
+    out.push_str(&format!(
+        "build: {}\n",
+        if cfg!(feature = "cuda") {
+            "CUDA"
+        } else {
+            "CPU only (the search below is what a CUDA build would do)"
+        }
+    ));
+    out.push_str(&match &driver {
+        Ok(()) => "driver: loaded\n".to_string(),
+        Err(e) => format!("driver: {e}\n"),
+    });
+    match &loaded {
+        Ok(from) => {
+            out.push_str(&format!("libraries: loaded from {from}\n"));
+            for f in &files {
+                out.push_str(&format!("  {f}\n"));
+            }
+        }
+        Err(e) => out.push_str(&format!("libraries: {e}\n")),
+    }
+    for l in &search.looked {
+        out.push_str(&format!("passed over: {l}\n"));
+    }
+    print!("{out}");
+    Ok(())
+}
