@@ -339,6 +339,11 @@ fn score_filtered_carries_each_kept_rows_label_values_across_shards() {
             p(&labels),
             "--filtered",
             p(&filtered),
+            // The demo embeddings are clean: the default cut may keep
+            // every pair. Keep half, so the filtered file tells kept rows
+            // from dropped ones.
+            "--keep-fraction",
+            "0.5",
         ];
         if refit {
             args.push("--refit");
