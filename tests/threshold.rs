@@ -284,8 +284,17 @@ fn filter_resolves_rules_on_the_labels_and_says_the_cut() {
 fn fit_warns_on_noise_free_data_and_on_data_without_signal() {
     let tmp = tempfile::tempdir().unwrap();
     let clean = data(tmp.path(), "clean", 0.0);
-    let run = tmp.path().join("clean-run");
+    // The final clean-probability model finds no noise in noise-free data
+    // and keeps every pair: nothing to warn about.
+    let run = tmp.path().join("clean-run-default");
     let err = fit(&clean, &run, &[]);
+    assert!(!err.contains("warning:"), "{err}");
+    let s = stats(&run);
+    assert!(s["estimated_noise_rate"].as_f64().unwrap() <= 0.02, "{s}");
+    // The division's mixture still splits one population in two: the
+    // warning says so.
+    let run = tmp.path().join("clean-run");
+    let err = fit(&clean, &run, &["--set", "clean_prob=division"]);
     assert!(
         err.contains("warning: no noise found: only 0% of 1024 pairs"),
         "{err}"
@@ -354,9 +363,16 @@ fn a_collapsed_model_makes_no_filter_in_fit_or_score() {
     let tmp = tempfile::tempdir().unwrap();
     // The demo's images through the demo towers, as the audit ran it.
     let pictures = common::noisy_demo_of(&tmp.path().join("pictures"), 1000);
+    // The margin collapses the division to one population (every
+    // posterior 1.0), which the division's own clean_prob shows; the final
+    // model, fitted on pairs held out of that training, does not call every
+    // pair clean (a case of its own below).
     for (name, flags) in [
         ("lr", &["--lr", "100"][..]),
-        ("margin", &["--set", "margin=1e30"][..]),
+        (
+            "margin",
+            &["--set", "margin=1e30", "--set", "clean_prob=division"][..],
+        ),
     ] {
         let run = tmp.path().join(name);
         let mut args = vec![
@@ -381,6 +397,31 @@ fn a_collapsed_model_makes_no_filter_in_fit_or_score() {
             "{name}: {err}"
         );
         assert!(!run.exists(), "{name}");
+    }
+
+    // With the default clean_prob, the collapsed division does not make
+    // every pair clean: the final model still tells some apart, or the run
+    // is refused.
+    let run = tmp.path().join("margin-default");
+    let out = ncclean(&[
+        "fit",
+        p(&pictures),
+        "--epochs",
+        "2",
+        "--warmup-epochs",
+        "1",
+        "--out-dir",
+        p(&run),
+        "--method",
+        "vanilla",
+        "--set",
+        "margin=1e30",
+    ]);
+    if out.status.success() {
+        let (rows, _) = read_labels(&run.join("labels.parquet")).unwrap();
+        assert!(rows.iter().any(|l| !l.is_clean), "every pair called clean");
+    } else {
+        assert_eq!(out.status.code(), Some(3));
     }
 
     // A good model passes; its run, recorded as a collapsed one was before
@@ -572,15 +613,15 @@ fn shards_scored_apart_get_one_cut_for_a_fraction_rule() {
         ]);
     }
     let record = Record::load(&run.join("checkpoint")).unwrap().unwrap();
-    let want = record.cut_for(Rule::KeepFraction(0.4)).min_prob;
+    let cut = record.cut_for(Rule::KeepFraction(0.4));
+    let want = cut.min_prob;
     for stem in ["demo-00000", "demo-00001"] {
         let (rows, meta) = read_labels(&labels.join(format!("{stem}.parquet"))).unwrap();
         assert_eq!(meta["ncclean.threshold"], want.to_string(), "{stem}");
+        // The cut as stored, its similarity bound included (a cut inside a
+        // tie of clean_prob splits it by similarity).
         for l in &rows {
-            assert_eq!(
-                l.is_clean,
-                l.clean_prob.is_some_and(|c| f64::from(c) >= want)
-            );
+            assert_eq!(l.is_clean, cut.keeps(l.clean_prob, l.similarity));
         }
     }
 }
