@@ -10,7 +10,7 @@
 //!
 //! This model scores each pair from two signals of the pair alone:
 //! - the trained **similarity** of image and caption (the networks' mean);
-//! - the **neighbourhood** score ([`reference`]): the caption against the
+//! - the **neighbourhood** score ([`mod@reference`]): the caption against the
 //!   captions of the training images that look most like the pair's image.
 //!
 //! and turns them into a probability with the one thing known for sure
@@ -77,7 +77,7 @@ const ORDER_SHARE: f64 = 1e-3;
 
 /// Quantiles of the random pairings' scores at which the noise share is
 /// bounded ([`estimate_noise`]).
-const NOISE_QUANTILES: &[f64] = &[0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5];
+pub const NOISE_QUANTILES: &[f64] = &[0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5];
 
 /// The two signals of some pairs.
 #[derive(Debug, Clone, Default, PartialEq)]
