@@ -313,29 +313,44 @@ fn key_strings(a: &dyn Array) -> Option<Vec<String>> {
     }
 }
 
-/// Join labels with truth by key and compute the metrics.
-pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detection> {
-    let map: HashMap<&str, bool> = truth.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+/// The scored label rows with their truth, joined by key, and the number
+/// of skipped rows; refuses duplicate truth keys and labels without truth.
+fn join<'a, T: Copy>(
+    labels: &'a [LabelRow],
+    truth: &[(String, T)],
+) -> Result<(Vec<(&'a LabelRow, T)>, usize)> {
+    let map: HashMap<&str, T> = truth.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     if map.len() != truth.len() {
         return Err(invalid(
             "the truth file has duplicate keys; pass --truth-key-col with a unique column",
         ));
     }
+    let (mut joined, mut skipped, mut missing) = (Vec::new(), 0, 0);
+    for l in labels {
+        if l.status == RowStatus::Skipped {
+            skipped += 1;
+        } else if let Some(&t) = map.get(l.key.as_str()) {
+            joined.push((l, t));
+        } else {
+            missing += 1;
+        }
+    }
+    if missing > 0 {
+        return Err(invalid(format!(
+            "{missing} label rows have no matching key in the truth file; were the labels made from this data? (see --truth-key-col)"
+        )));
+    }
+    Ok((joined, skipped))
+}
+
+/// Join labels with truth by key and compute the metrics.
+pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detection> {
+    let (joined, skipped) = join(labels, truth)?;
     let (mut probs, mut soft, mut sim) = (Vec::new(), Vec::new(), Vec::new());
     let mut ranked = Vec::new();
     let mut is_noisy = Vec::new();
     let mut predicted_noisy = Vec::new();
-    let mut skipped = 0;
-    let mut missing = 0;
-    for l in labels {
-        if l.status == RowStatus::Skipped {
-            skipped += 1;
-            continue;
-        }
-        let Some(&t) = map.get(l.key.as_str()) else {
-            missing += 1;
-            continue;
-        };
+    for (l, t) in joined {
         probs.push(f64::from(l.clean_prob.unwrap_or(0.0)));
         soft.push(-f64::from(l.soft_label.unwrap_or(0.0)));
         sim.push(-f64::from(l.similarity.unwrap_or(0.0)));
@@ -345,11 +360,6 @@ pub fn detection(labels: &[LabelRow], truth: &[(String, bool)]) -> Result<Detect
         });
         is_noisy.push(t);
         predicted_noisy.push(!l.is_clean);
-    }
-    if missing > 0 {
-        return Err(invalid(format!(
-            "{missing} label rows have no matching key in the truth file; were the labels made from this data? (see --truth-key-col)"
-        )));
     }
     let prf = precision_recall_f1(&predicted_noisy, &is_noisy);
     // Noisier first by -clean_prob, the order of 1 - clean_prob: computing
@@ -416,33 +426,14 @@ pub struct Agreement {
 /// Join labels with graded truth by key and measure how the labels' scores
 /// rank the pairs against it.
 pub fn agreement(labels: &[LabelRow], truth: &[(String, f64)]) -> Result<Agreement> {
-    let map: HashMap<&str, f64> = truth.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-    if map.len() != truth.len() {
-        return Err(invalid(
-            "the truth file has duplicate keys; pass --truth-key-col with a unique column",
-        ));
-    }
+    let (joined, skipped) = join(labels, truth)?;
     let (mut probs, mut sim, mut soft, mut grade) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut skipped, mut missing) = (0, 0);
-    for l in labels {
-        if l.status == RowStatus::Skipped {
-            skipped += 1;
-            continue;
-        }
-        let Some(&t) = map.get(l.key.as_str()) else {
-            missing += 1;
-            continue;
-        };
+    for (l, t) in joined {
         probs.push(f64::from(l.clean_prob.unwrap_or(0.0)));
         sim.push(f64::from(l.similarity.unwrap_or(0.0)));
         soft.push(f64::from(l.soft_label.unwrap_or(0.0)));
         grade.push(t);
-    }
-    if missing > 0 {
-        return Err(invalid(format!(
-            "{missing} label rows have no matching key in the truth file; were the labels made from this data? (see --truth-key-col)"
-        )));
     }
     let thirds = Thirds::of(&grade);
     let n = probs.len();

@@ -117,12 +117,12 @@ impl CleanModel {
             Reference::build(&host(&pi)?, &host(&pt)?, &of, weights, &keep, dims)
                 .compress(super::reference::SEARCH_DIM)?
         };
-        let model = CleanModel {
-            calibration: placeholder(),
+        let calibration = calibrate_on(&reference, neighbours, nets, data, calibration_pairs, rng)?;
+        Ok(calibration.map(|calibration| CleanModel {
+            calibration,
             reference,
             neighbours,
-        };
-        model.calibrate_on(nets, data, calibration_pairs, rng)
+        }))
     }
 
     /// The same reference with the calibration fitted anew on `data` (its
@@ -134,63 +134,12 @@ impl CleanModel {
         rng: &mut Rng,
     ) -> Result<Option<CleanModel>> {
         let all: Vec<usize> = (0..data.len()).collect();
-        self.calibrate_on(nets, data, &all, rng)
-    }
-
-    /// The same reference with the calibration fitted on pairs `idx` of
-    /// `data` against random pairings among them.
-    fn calibrate_on(
-        &self,
-        nets: &[Net],
-        data: &PairInputs,
-        idx: &[usize],
-        rng: &mut Rng,
-    ) -> Result<Option<CleanModel>> {
-        let n = idx.len();
-        if n == 0 {
-            return Ok(None);
-        }
-        let observed = self.signals_of(nets, data, idx)?;
-        // Random pairings: the image of pair i with the caption of a pair
-        // j showing another image, both among `idx` (positions in it).
-        let (_, of) = data.images.distinct();
-        let m = (n * 20).min(MAX_NEGATIVES);
-        let (mut a, mut b) = (Vec::with_capacity(m), Vec::with_capacity(m));
-        for _ in 0..m {
-            let i = rng.below(n);
-            for _ in 0..DRAWS {
-                let j = rng.below(n);
-                if of[idx[j]] != of[idx[i]] {
-                    a.push(i as u32);
-                    b.push(j as u32);
-                    break;
-                }
-            }
-        }
-        let pairings = if a.is_empty() {
-            Signals::default()
-        } else {
-            let emb = joint(nets, data, idx)?;
-            let (pi, pt) = pooled(nets, data, idx)?;
-            let dev = pi.device();
-            let ia = Tensor::from_slice(&a, a.len(), dev)?;
-            let ib = Tensor::from_slice(&b, b.len(), dev)?;
-            Signals {
-                similarity: similarity(&emb, &a, &b)?,
-                neighbourhood: self.reference.score(
-                    &pi.index_select(&ia, 0)?,
-                    &pt.index_select(&ib, 0)?,
-                    self.neighbours,
-                )?,
-            }
-        };
-        Ok(
-            Calibration::fit(&observed, &pairings).map(|calibration| CleanModel {
-                calibration,
-                reference: self.reference.clone(),
-                neighbours: self.neighbours,
-            }),
-        )
+        let calibration = calibrate_on(&self.reference, self.neighbours, nets, data, &all, rng)?;
+        Ok(calibration.map(|calibration| CleanModel {
+            calibration,
+            reference: self.reference.clone(),
+            neighbours: self.neighbours,
+        }))
     }
 
     /// Both signals of every pair of `data`, a chunk at a time.
@@ -223,14 +172,57 @@ impl CleanModel {
     }
 }
 
-/// A calibration to be replaced before use (the reference is built first).
-fn placeholder() -> Calibration {
-    Calibration {
-        origin: [0.0; 2],
-        weights: [0.0; 2],
-        isotonic: super::isotonic::Isotonic { knots: Vec::new() },
-        noise: 0.0,
-        pairs: 0,
-        negatives: 0,
+/// The calibration of `reference` fitted on pairs `idx` of `data` against
+/// random pairings among them; the pairs are embedded once for both.
+fn calibrate_on(
+    reference: &Reference,
+    neighbours: usize,
+    nets: &[Net],
+    data: &PairInputs,
+    idx: &[usize],
+    rng: &mut Rng,
+) -> Result<Option<Calibration>> {
+    let n = idx.len();
+    if n == 0 {
+        return Ok(None);
     }
+    let emb = joint(nets, data, idx)?;
+    let (pi, pt) = pooled(nets, data, idx)?;
+    let local: Vec<u32> = (0..n as u32).collect();
+    let observed = Signals {
+        similarity: similarity(&emb, &local, &local)?,
+        neighbourhood: reference.score(&pi, &pt, neighbours)?,
+    };
+    // Random pairings: the image of pair i with the caption of a pair j
+    // showing another image, both among `idx` (positions in it).
+    let (_, of) = data.images.distinct();
+    let m = (n * 20).min(MAX_NEGATIVES);
+    let (mut a, mut b) = (Vec::with_capacity(m), Vec::with_capacity(m));
+    for _ in 0..m {
+        let i = rng.below(n);
+        for _ in 0..DRAWS {
+            let j = rng.below(n);
+            if of[idx[j]] != of[idx[i]] {
+                a.push(i as u32);
+                b.push(j as u32);
+                break;
+            }
+        }
+    }
+    let pairings = if a.is_empty() {
+        Signals::default()
+    } else {
+        let dev = pi.device();
+        let ia = Tensor::from_slice(&a, a.len(), dev)?;
+        let ib = Tensor::from_slice(&b, b.len(), dev)?;
+        Signals {
+            similarity: similarity(&emb, &a, &b)?,
+            neighbourhood: reference.score(
+                &pi.index_select(&ia, 0)?,
+                &pt.index_select(&ib, 0)?,
+                neighbours,
+            )?,
+        }
+    };
+    Ok(Calibration::fit(&observed, &pairings))
 }
