@@ -3,11 +3,12 @@
 //! against the reference ([`super::Reference`]); and the model fitted on a
 //! training set.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use ncclean_models::rng::Rng;
 use ncclean_models::PairInputs;
 
-use super::{Calibration, Reference, Signals, MAX_NEGATIVES};
+use super::trained::{pair_hash, TrainedPairs};
+use super::{Calibration, Reference, Signals, MAX_NEGATIVES, MIN_PAIRS};
 use crate::error::Result;
 use crate::net::Net;
 
@@ -26,6 +27,10 @@ pub struct CleanModel {
     pub reference: Reference,
     /// Reference images each pair is compared with.
     pub neighbours: usize,
+    /// The pairs the networks trained on, whose scores are read as
+    /// held-out pairs' ([`super::trained`]); None after `score --refit`
+    /// or without held-out pairs.
+    pub trained: Option<TrainedPairs>,
 }
 
 /// Unit pooled tower features (image, caption) of pairs `idx` under the
@@ -39,6 +44,16 @@ fn pooled(nets: &[Net], data: &PairInputs, idx: &[usize]) -> Result<(Tensor, Ten
         ts.push(t);
     }
     Ok((Tensor::cat(&is, 0)?, Tensor::cat(&ts, 0)?))
+}
+
+/// The hash of each pair from its pooled features (rows of `images` and
+/// `captions`): [`pair_hash`].
+fn hashes(images: &Tensor, captions: &Tensor) -> Result<Vec<u64>> {
+    let host = |t: &Tensor| -> Result<Vec<Vec<f32>>> {
+        Ok(t.to_device(&Device::Cpu)?.to_dtype(DType::F32)?.to_vec2()?)
+    };
+    let (i, t) = (host(images)?, host(captions)?);
+    Ok(i.iter().zip(&t).map(|(a, b)| pair_hash(a, b)).collect())
 }
 
 /// Joint-space embeddings of pairs `idx`, one `(images, captions)` per
@@ -117,12 +132,59 @@ impl CleanModel {
             Reference::build(&host(&pi)?, &host(&pt)?, &of, weights, &keep, dims)
                 .compress(super::reference::SEARCH_DIM)?
         };
-        let calibration = calibrate_on(&reference, neighbours, nets, data, calibration_pairs, rng)?;
-        Ok(calibration.map(|calibration| CleanModel {
+        let Some(calibration) =
+            calibrate_on(&reference, neighbours, nets, data, calibration_pairs, rng)?
+        else {
+            return Ok(None);
+        };
+        let mut model = CleanModel {
             calibration,
             reference,
             neighbours,
-        }))
+            trained: None,
+        };
+        model.trained = model.trained_pairs(nets, data, calibration_pairs)?;
+        Ok(Some(model))
+    }
+
+    /// The pairs of `data` outside `held_out` (the ones the networks
+    /// trained on) with their scores' distribution against the held-out
+    /// pairs'; None when either is too small.
+    fn trained_pairs(
+        &self,
+        nets: &[Net],
+        data: &PairInputs,
+        held_out: &[usize],
+    ) -> Result<Option<TrainedPairs>> {
+        let mut is_held = vec![false; data.len()];
+        for &i in held_out {
+            is_held[i] = true;
+        }
+        let trained: Vec<usize> = (0..data.len()).filter(|&i| !is_held[i]).collect();
+        if trained.is_empty() || held_out.is_empty() {
+            return Ok(None);
+        }
+        let scores = |s: &Signals| -> Vec<f64> {
+            s.similarity
+                .iter()
+                .zip(&s.neighbourhood)
+                .map(|(&a, &b)| {
+                    if a.is_finite() && b.is_finite() {
+                        self.calibration.score(a, b)
+                    } else {
+                        f64::NAN
+                    }
+                })
+                .collect()
+        };
+        let t = self.signals_of(nets, data, &trained)?;
+        let h = self.signals_of(nets, data, held_out)?;
+        Ok(TrainedPairs::new(
+            t.hashes.clone(),
+            &scores(&t),
+            &scores(&h),
+            MIN_PAIRS,
+        ))
     }
 
     /// The same reference with the calibration fitted anew on `data` (its
@@ -139,6 +201,8 @@ impl CleanModel {
             calibration,
             reference: self.reference.clone(),
             neighbours: self.neighbours,
+            // Fitted on these pairs themselves: nothing to read apart.
+            trained: None,
         }))
     }
 
@@ -154,6 +218,7 @@ impl CleanModel {
         let mut out = Signals {
             similarity: Vec::with_capacity(n),
             neighbourhood: Vec::with_capacity(n),
+            hashes: Vec::with_capacity(n),
         };
         for chunk in idx.chunks(CHUNK * 8) {
             let emb = joint(nets, data, chunk)?;
@@ -162,13 +227,37 @@ impl CleanModel {
             let (pi, pt) = pooled(nets, data, chunk)?;
             out.neighbourhood
                 .extend(self.reference.score(&pi, &pt, self.neighbours)?);
+            out.hashes.extend(hashes(&pi, &pt)?);
         }
         Ok(out)
     }
 
     /// Clean probabilities of every pair of `data`.
     pub fn clean_probs(&self, nets: &[Net], data: &PairInputs) -> Result<Vec<f32>> {
-        Ok(self.calibration.clean_probs(&self.signals(nets, data)?))
+        Ok(self.clean_probs_of(&self.signals(nets, data)?))
+    }
+
+    /// Clean probabilities from pairs' signals: a pair the networks
+    /// trained on is read at its quantile among the trained pairs
+    /// ([`super::trained`]), any other through the calibration directly.
+    pub fn clean_probs_of(&self, s: &Signals) -> Vec<f32> {
+        let cal = &self.calibration;
+        let Some(trained) = &self.trained else {
+            return cal.clean_probs(s);
+        };
+        (0..s.similarity.len())
+            .map(|i| {
+                let (a, b) = (s.similarity[i], s.neighbourhood[i]);
+                if !(a.is_finite() && b.is_finite()) {
+                    return 0.0;
+                }
+                let u = cal.score(a, b);
+                match s.hashes.get(i) {
+                    Some(&h) if trained.contains(h) => cal.clean_prob_at(trained.held_out_score(u)),
+                    _ => cal.clean_prob_at(u),
+                }
+            })
+            .collect()
     }
 }
 
@@ -192,6 +281,7 @@ fn calibrate_on(
     let observed = Signals {
         similarity: similarity(&emb, &local, &local)?,
         neighbourhood: reference.score(&pi, &pt, neighbours)?,
+        hashes: Vec::new(),
     };
     // Random pairings: the image of pair i with the caption of a pair j
     // showing another image, both among `idx` (positions in it).
@@ -222,6 +312,7 @@ fn calibrate_on(
                 &pt.index_select(&ib, 0)?,
                 neighbours,
             )?,
+            hashes: Vec::new(),
         }
     };
     Ok(Calibration::fit(&observed, &pairings))
