@@ -15,7 +15,7 @@
 # Needs what examples/bench_graded.sh needs (Flickr8k in ../shared, MiniLM,
 # numpy and pyarrow); run that once first to build the data and the feature
 # cache. Usage: bash examples/bench_transfer.sh [METHODS...] (default gsc)
-# Environment: NOISES (default "random-0.2"), SAMPLE rows drawn (default
+# Environment: NOISES (default "random-0.2"), SEED fit seed (default 0), SAMPLE rows drawn (default
 # 15000, half of train), FIT_ARGS extra fit arguments, LABEL run suffix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +47,7 @@ for spec in "${noises[@]}"; do
   for m in "${methods[@]}"; do
     run=$out/transfer/$m${label:+-$label}-$mode-$rate-sample$sample
     $bin fit "$train" --method "$m" --out-dir "$run" --force --sample "$sample" "${towers[@]}" \
-      --config examples/configs/flickr8k.toml --seed 0 "${fit_args[@]}" >/dev/null 2>"$run.log"
+      --config examples/configs/flickr8k.toml --seed "${SEED:-0}" "${fit_args[@]}" >/dev/null 2>"$run.log"
     $bin score "$train" --checkpoint "$run" --cache-dir "$cache" --out "$run/all-labels.parquet" 2>>"$run.log" >/dev/null
     $bin score "$dev" --checkpoint "$run" --cache-dir "$cache" --out "$run/dev-labels.parquet" 2>>"$run.log" >/dev/null
     python3 - "$m" "$mode" "$rate" "$sample" "$run" "$train" "$dev" <<'PY'
