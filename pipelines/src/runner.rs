@@ -402,7 +402,11 @@ impl<M: Method> Runner<M> {
             (m, _) => m.as_ref(),
         };
         if let Some(m) = model {
-            scores.clean_prob = m.clean_probs(&self.nets, data)?;
+            // Every method's `similarity` is the networks' mean `S_ii` of
+            // the same embeddings, which is the model's similarity signal
+            // bit for bit (`method_similarity_is_the_clean_models_own`):
+            // the pairs are not embedded a second time for it.
+            scores.clean_prob = m.clean_probs_given(&self.nets, data, &scores.similarity)?;
         }
         // A pair the model cannot measure (NaN/inf statistic or similarity)
         // is never called clean.
@@ -1009,6 +1013,50 @@ mod tests {
             );
             assert_eq!(q.state(), p.state(), "{}", info.name);
         }
+        Ok(())
+    }
+
+    /// The clean model's similarity signal (its own embedding pass over the
+    /// pairs, [`CleanModel::signals`]) and the similarity each method's
+    /// score pass returns are equal, which lets `score_in` pass the latter
+    /// in. 1,100 pairs, each image shown twice: the method embeds 550
+    /// distinct images in chunks of 512, the model 1,100 rows in chunks of
+    /// 512, so the same rows sit in products of other shapes. (ReCon needs
+    /// local features: `scripts/compare_runs.sh` covers it on demo data.)
+    #[test]
+    fn method_similarity_is_the_clean_models_own() -> Result<()> {
+        fn check<M: Method>(name: &str, data: &PairInputs) -> Result<()> {
+            let model = crate::test_support::precomputed_model(6, 8, 16);
+            let mut p = Runner::<M>::new(config(name), &model, 5, &Device::Cpu)?;
+            for e in 0..p.total_epochs() {
+                p.run_epoch(e, data, &mut Silent)?;
+            }
+            p.finalize(data, &[data.len()], &mut Silent)?;
+            let m = p.clean_model.as_ref().expect("a clean model is fitted");
+            let own = m.signals(&p.nets, data)?;
+            let scored = p.score(data, &[data.len()], false, &mut Silent)?;
+            assert_eq!(scored.similarity.len(), own.similarity.len());
+            for (i, (a, b)) in scored.similarity.iter().zip(&own.similarity).enumerate() {
+                // Equal numbers (a zero's sign aside, which no clean
+                // probability sees).
+                assert!(a == b, "{name}: pair {i}: {a} vs {b}");
+            }
+            assert_eq!(scored.clean_prob, m.calibration.clean_probs(&own), "{name}");
+            Ok(())
+        }
+        let mut rng = Rng::new(7);
+        let n = 1100;
+        let shown: Vec<f32> = (0..n / 2 * 6).map(|_| rng.normal() as f32).collect();
+        let img: Vec<f32> = (0..n)
+            .flat_map(|i| shown[i / 2 * 6..i / 2 * 6 + 6].to_vec())
+            .collect();
+        let mut txt: Vec<f32> = img.iter().map(|x| x + 0.1 * rng.normal() as f32).collect();
+        txt[n * 4 / 5 * 6..].rotate_left(6);
+        let data = crate::test_support::embedding_pairs(img, txt, 6);
+        check::<crate::vanilla::Vanilla>("vanilla", &data)?;
+        check::<crate::esc::Esc>("esc", &data)?;
+        check::<crate::gsc::Gsc>("gsc", &data)?;
+        check::<crate::crcl::Crcl>("crcl", &data)?;
         Ok(())
     }
 

@@ -59,7 +59,7 @@ fn joint(nets: &[Net], data: &PairInputs, idx: &[usize]) -> Result<Vec<(Tensor, 
 
 /// Mean over networks of image `a[k]`'s similarity with caption `b[k]`
 /// (rows of the embeddings).
-fn similarity(joint: &[(Tensor, Tensor)], a: &[u32], b: &[u32]) -> Result<Vec<f32>> {
+fn similarity_of(joint: &[(Tensor, Tensor)], a: &[u32], b: &[u32]) -> Result<Vec<f32>> {
     let dev = joint[0].0.device();
     let ia = Tensor::from_slice(a, a.len(), dev)?;
     let ib = Tensor::from_slice(b, b.len(), dev)?;
@@ -151,17 +151,30 @@ impl CleanModel {
     /// Both signals of pairs `idx` of `data`, a chunk at a time.
     pub fn signals_of(&self, nets: &[Net], data: &PairInputs, idx: &[usize]) -> Result<Signals> {
         let n = idx.len();
-        let mut out = Signals {
-            similarity: Vec::with_capacity(n),
-            neighbourhood: Vec::with_capacity(n),
-        };
+        let mut similarity = Vec::with_capacity(n);
         for chunk in idx.chunks(CHUNK * 8) {
             let emb = joint(nets, data, chunk)?;
             let local: Vec<u32> = (0..chunk.len() as u32).collect();
-            out.similarity.extend(similarity(&emb, &local, &local)?);
+            similarity.extend(similarity_of(&emb, &local, &local)?);
+        }
+        Ok(Signals {
+            similarity,
+            neighbourhood: self.neighbourhood_of(nets, data, idx)?,
+        })
+    }
+
+    /// The neighbourhood score of pairs `idx` of `data`, a chunk at a
+    /// time ([`Reference::score`]).
+    pub fn neighbourhood_of(
+        &self,
+        nets: &[Net],
+        data: &PairInputs,
+        idx: &[usize],
+    ) -> Result<Vec<f32>> {
+        let mut out = Vec::with_capacity(idx.len());
+        for chunk in idx.chunks(CHUNK * 8) {
             let (pi, pt) = pooled(nets, data, chunk)?;
-            out.neighbourhood
-                .extend(self.reference.score(&pi, &pt, self.neighbours)?);
+            out.extend(self.reference.score(&pi, &pt, self.neighbours)?);
         }
         Ok(out)
     }
@@ -169,6 +182,32 @@ impl CleanModel {
     /// Clean probabilities of every pair of `data`.
     pub fn clean_probs(&self, nets: &[Net], data: &PairInputs) -> Result<Vec<f32>> {
         Ok(self.calibration.clean_probs(&self.signals(nets, data)?))
+    }
+
+    /// Clean probabilities of every pair of `data` whose similarity (the
+    /// networks' mean `S_ii`) is already known: `similarity[i]` must be
+    /// what [`CleanModel::signals`] computes for pair i (a method's score
+    /// pass computes the same number: `Runner::score_in`). Only the
+    /// neighbourhood score is computed here.
+    pub fn clean_probs_given(
+        &self,
+        nets: &[Net],
+        data: &PairInputs,
+        similarity: &[f32],
+    ) -> Result<Vec<f32>> {
+        if similarity.len() != data.len() {
+            return Err(crate::error::Error::State(format!(
+                "{} similarities for {} pairs",
+                similarity.len(),
+                data.len()
+            )));
+        }
+        let all: Vec<usize> = (0..data.len()).collect();
+        let signals = Signals {
+            similarity: similarity.to_vec(),
+            neighbourhood: self.neighbourhood_of(nets, data, &all)?,
+        };
+        Ok(self.calibration.clean_probs(&signals))
     }
 }
 
@@ -190,7 +229,7 @@ fn calibrate_on(
     let (pi, pt) = pooled(nets, data, idx)?;
     let local: Vec<u32> = (0..n as u32).collect();
     let observed = Signals {
-        similarity: similarity(&emb, &local, &local)?,
+        similarity: similarity_of(&emb, &local, &local)?,
         neighbourhood: reference.score(&pi, &pt, neighbours)?,
     };
     // Random pairings: the image of pair i with the caption of a pair j
@@ -216,7 +255,7 @@ fn calibrate_on(
         let ia = Tensor::from_slice(&a, a.len(), dev)?;
         let ib = Tensor::from_slice(&b, b.len(), dev)?;
         Signals {
-            similarity: similarity(&emb, &a, &b)?,
+            similarity: similarity_of(&emb, &a, &b)?,
             neighbourhood: reference.score(
                 &pi.index_select(&ia, 0)?,
                 &pt.index_select(&ib, 0)?,
