@@ -568,7 +568,7 @@ mod tests {
         let mut normal = |m: usize| -> Vec<f32> { (0..m).map(|_| rng.normal() as f32).collect() };
         let units = |v: Vec<f32>, d: usize| -> Vec<f32> { v.chunks(d).flat_map(unit).collect() };
         let mut images = units(normal(refs * di), di);
-        images[di..2 * di].copy_from_slice(&images[..di].to_vec());
+        images.copy_within(..di, di);
         let texts = units(normal(refs * dt), dt);
         let of: Vec<u32> = (0..refs as u32).collect();
         let weights: Vec<f32> = normal(refs).iter().map(|x| x.abs().min(1.0)).collect();
