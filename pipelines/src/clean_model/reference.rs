@@ -18,6 +18,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::Result;
+use crate::scoring::par_map;
 
 /// Pooled image cosine from which two images count as the same image.
 pub const SAME_IMAGE: f32 = 0.9999;
@@ -177,6 +178,11 @@ impl Reference {
     /// cosine of its caption with their captions, weighted by their clean
     /// weights. `images` `[n, image_dim]` and `texts` `[n, text_dim]` are
     /// unit features on any device; NaN when no reference image is left.
+    ///
+    /// On the CPU the queries are cut into [`PIECE`]-row pieces of the
+    /// [`CHUNK`]-row chunks, each searched and scored on its own on the
+    /// thread pool ([`par_map`]); the cosines are the same bits as one
+    /// product per chunk (see [`pieces`]), so the scores are too.
     pub fn score(&self, images: &Tensor, texts: &Tensor, k: usize) -> Result<Vec<f32>> {
         let n = images.dim(0)?;
         let device = images.device().clone();
@@ -184,7 +190,7 @@ impl Reference {
         if r == 0 || n == 0 {
             return Ok(vec![f32::NAN; n]);
         }
-        // `[image_dim, r]`, contiguous: one product per chunk finds every
+        // `[width, r]`, contiguous: one product per piece finds every
         // query's look-alikes; the captions are compared on the host with
         // the k chosen only.
         let ref_t = Tensor::from_slice(&self.images, (r, self.width()), &device)?
@@ -197,49 +203,62 @@ impl Reference {
             .flatten_all()?
             .to_vec1()?;
         let dt = self.text_dim;
-        let mut out = Vec::with_capacity(n);
-        let mut start = 0;
-        while start < n {
-            let len = CHUNK.min(n - start);
-            let qi = images.narrow(0, start, len)?.to_dtype(DType::F32)?;
-            let look: Vec<f32> = qi
-                .matmul(&ref_t)?
-                .to_device(&Device::Cpu)?
-                .flatten_all()?
-                .to_vec1()?;
-            for (row, look) in look.chunks(r).enumerate() {
-                let q = start + row;
-                out.push(self.one(look, &captions[q * dt..(q + 1) * dt], k));
-            }
-            start += len;
-        }
-        Ok(out)
+        let pieces = if device.is_cpu() {
+            pieces(n, r)
+        } else {
+            // One product per chunk on an accelerator, read back whole.
+            (0..n)
+                .step_by(CHUNK)
+                .map(|s| s..(s + CHUNK).min(n))
+                .collect()
+        };
+        let score_piece = |p: &std::ops::Range<usize>| -> candle_core::Result<Vec<f32>> {
+            let look = images.narrow(0, p.start, p.len())?.matmul(&ref_t)?;
+            let look = look.to_device(&Device::Cpu)?;
+            let mut search = Search::new(k);
+            let mut out = Vec::with_capacity(p.len());
+            with_host_rows(&look, |look| {
+                for (row, look) in look.chunks(r).enumerate() {
+                    let q = p.start + row;
+                    out.push(self.one(&mut search, look, &captions[q * dt..(q + 1) * dt]));
+                }
+            })?;
+            Ok(out)
+        };
+        let parts = if device.is_cpu() {
+            par_map(&pieces, score_piece)?
+        } else {
+            pieces
+                .iter()
+                .map(score_piece)
+                .collect::<candle_core::Result<_>>()?
+        };
+        Ok(parts.concat())
     }
 
     /// One query: `look[r]` its image's cosine with reference image r,
     /// `caption` its unit caption feature.
-    fn one(&self, look: &[f32], caption: &[f32], k: usize) -> f32 {
-        // The k most similar images other than itself, ties to the lower
-        // index, by one pass keeping a sorted short list.
-        let mut best: Vec<(f32, usize)> = Vec::with_capacity(k + 1);
-        for (r, &c) in look.iter().enumerate() {
-            // NaN is never a neighbour either.
-            if c.is_nan() || c >= SAME_IMAGE {
-                continue;
-            }
-            if best.len() == k && best.last().is_some_and(|&(w, _)| c <= w) {
-                continue;
-            }
-            let at = best.partition_point(|&(w, _)| w >= c);
-            best.insert(at, (c, r));
-            best.truncate(k);
-        }
+    fn one(&self, search: &mut Search, look: &[f32], caption: &[f32]) -> f32 {
+        search.nearest(look);
+        let Search { best, agree, .. } = search;
         let dt = self.text_dim;
+        // Each neighbour's agreement is the plain f32 sum of `a * b` in
+        // order (what `Iterator::sum` computes), the neighbours' sums
+        // interleaved so that they do not wait on each other.
+        let rows: Vec<&[f32]> = best
+            .iter()
+            .map(|&(_, r)| &self.captions[r * dt..(r + 1) * dt])
+            .collect();
+        agree.clear();
+        agree.resize(rows.len(), -0.0);
+        for (d, &a) in caption.iter().enumerate() {
+            for (acc, row) in agree.iter_mut().zip(&rows) {
+                *acc += a * row[d];
+            }
+        }
         let (mut sum, mut total) = (0.0f64, 0.0f64);
-        for &(_, r) in &best {
+        for (&(_, r), &agree) in best.iter().zip(agree.iter()) {
             let w = f64::from(self.weights[r].max(0.0) + WEIGHT_FLOOR);
-            let mean = &self.captions[r * dt..(r + 1) * dt];
-            let agree: f32 = caption.iter().zip(mean).map(|(a, b)| a * b).sum();
             sum += w * f64::from(agree);
             total += w;
         }
@@ -247,6 +266,119 @@ impl Reference {
             (sum / total) as f32
         } else {
             f32::NAN
+        }
+    }
+}
+
+/// Query rows searched per task on the thread pool.
+const PIECE: usize = 64;
+
+/// The pieces of `n` queries against `r` reference images: the
+/// [`CHUNK`]-row chunks from query 0, each cut into pieces of [`PIECE`] rows
+/// (a last piece of one row joins the one before). `gemm` gives an entry
+/// of a product the same bits whatever the number of rows around it (the
+/// depth, 128, is one block; rows and columns are only tiled), except on
+/// its paths for one row (a matrix-vector product) and for tiny products
+/// (rows × columns ≤ 256): a piece has one row only where its chunk has,
+/// and with at most 256 reference images the chunks are not cut.
+fn pieces(n: usize, r: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    for start in (0..n).step_by(CHUNK) {
+        let end = (start + CHUNK).min(n);
+        if r <= 256 {
+            out.push(start..end);
+            continue;
+        }
+        let mut s = start;
+        while s < end {
+            let mut e = (s + PIECE).min(end);
+            if end - e == 1 {
+                e = end;
+            }
+            out.push(s..e);
+            s = e;
+        }
+    }
+    out
+}
+
+/// `f` of the rows of a host f32 matrix, read in place where the tensor
+/// is a contiguous one (else copied once).
+fn with_host_rows(t: &Tensor, f: impl FnOnce(&[f32])) -> candle_core::Result<()> {
+    {
+        let (storage, layout) = t.storage_and_layout();
+        if let (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(v)), Some((a, b))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            f(&v[a..b]);
+            return Ok(());
+        }
+    }
+    f(&t.flatten_all()?.to_vec1::<f32>()?);
+    Ok(())
+}
+
+/// The k nearest reference images of one query at a time, with the
+/// buffers reused from query to query.
+struct Search {
+    k: usize,
+    best: Vec<(f32, usize)>,
+    agree: Vec<f32>,
+}
+
+/// Cosines tested at once against the k-th best before looking at each.
+const LANES: usize = 16;
+
+impl Search {
+    fn new(k: usize) -> Search {
+        Search {
+            k,
+            best: Vec::with_capacity(k + 1),
+            agree: Vec::with_capacity(k),
+        }
+    }
+
+    /// The k most similar images other than the query's own (cosine at
+    /// least [`SAME_IMAGE`]; NaN is never a neighbour either), most similar
+    /// first, ties to the lower index: one pass keeping a sorted short
+    /// list. Once the list is full, a block of [`LANES`] cosines none of
+    /// which beats its last is passed over whole (one vector compare);
+    /// the list is the same as looking at each.
+    fn nearest(&mut self, look: &[f32]) {
+        let (k, best) = (self.k, &mut self.best);
+        best.clear();
+        let consider = |best: &mut Vec<(f32, usize)>, r: usize, c: f32| {
+            if c.is_nan() || c >= SAME_IMAGE {
+                return;
+            }
+            if best.len() == k && best.last().is_some_and(|&(w, _)| c <= w) {
+                return;
+            }
+            let at = best.partition_point(|&(w, _)| w >= c);
+            best.insert(at, (c, r));
+            best.truncate(k);
+        };
+        let blocks = look.chunks_exact(LANES);
+        let tail = blocks.remainder();
+        for (b, block) in blocks.enumerate() {
+            if k > 0 && best.len() == k {
+                let floor = best[k - 1].0;
+                // NaN compares false: never a reason to look.
+                let mut any = false;
+                for &c in block {
+                    any |= c > floor;
+                }
+                if !any {
+                    continue;
+                }
+            }
+            for (j, &c) in block.iter().enumerate() {
+                consider(best, b * LANES + j, c);
+            }
+        }
+        let base = look.len() - tail.len();
+        for (j, &c) in tail.iter().enumerate() {
+            consider(best, base + j, c);
         }
     }
 }
@@ -358,6 +490,126 @@ mod tests {
         // Features no wider than the search space stay as they are.
         assert_eq!(full.clone().compress(8)?, full);
         Ok(())
+    }
+
+    /// The search as it was before pieces and the thread pool: one product
+    /// per chunk of 1,024 queries read back whole, a sorted short list per
+    /// query, each agreement an `Iterator::sum`.
+    fn score_one_chunk_at_a_time(
+        r: &Reference,
+        images: &Tensor,
+        texts: &Tensor,
+        k: usize,
+    ) -> Vec<f32> {
+        let n = images.dim(0).unwrap();
+        let ref_t = Tensor::from_slice(&r.images, (r.len(), r.width()), &Device::Cpu)
+            .unwrap()
+            .t()
+            .unwrap()
+            .contiguous()
+            .unwrap();
+        let images = r.search_space(images).unwrap();
+        let captions: Vec<f32> = texts.flatten_all().unwrap().to_vec1().unwrap();
+        let dt = r.text_dim;
+        let mut out = Vec::new();
+        for start in (0..n).step_by(CHUNK) {
+            let len = CHUNK.min(n - start);
+            let look: Vec<f32> = images
+                .narrow(0, start, len)
+                .unwrap()
+                .matmul(&ref_t)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            for (row, look) in look.chunks(r.len()).enumerate() {
+                let q = start + row;
+                let caption = &captions[q * dt..(q + 1) * dt];
+                let mut best: Vec<(f32, usize)> = Vec::new();
+                for (i, &c) in look.iter().enumerate() {
+                    if c.is_nan() || c >= SAME_IMAGE {
+                        continue;
+                    }
+                    if best.len() == k && best.last().is_some_and(|&(w, _)| c <= w) {
+                        continue;
+                    }
+                    let at = best.partition_point(|&(w, _)| w >= c);
+                    best.insert(at, (c, i));
+                    best.truncate(k);
+                }
+                let (mut sum, mut total) = (0.0f64, 0.0f64);
+                for &(_, i) in &best {
+                    let w = f64::from(r.weights[i].max(0.0) + WEIGHT_FLOOR);
+                    let mean = &r.captions[i * dt..(i + 1) * dt];
+                    let agree: f32 = caption.iter().zip(mean).map(|(a, b)| a * b).sum();
+                    sum += w * f64::from(agree);
+                    total += w;
+                }
+                out.push(if total > 0.0 {
+                    (sum / total) as f32
+                } else {
+                    f32::NAN
+                });
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn pieces_on_the_thread_pool_give_the_scores_of_whole_chunks() -> Result<()> {
+        // 600 reference images of 24-d features compressed to 8 (so the
+        // chunks are cut into pieces), queries that include reference
+        // images themselves, ties (repeated images) and a NaN row; 1,089
+        // queries: a chunk of 1,024 and one of 65, whose pieces are 64 rows
+        // and 1 row joined to them. Equal to the bit.
+        let mut rng = ncclean_models::rng::Rng::new(5);
+        let (di, dt, refs, n) = (24, 12, 600, 1089);
+        let mut normal = |m: usize| -> Vec<f32> { (0..m).map(|_| rng.normal() as f32).collect() };
+        let units = |v: Vec<f32>, d: usize| -> Vec<f32> { v.chunks(d).flat_map(unit).collect() };
+        let mut images = units(normal(refs * di), di);
+        images.copy_within(..di, di);
+        let texts = units(normal(refs * dt), dt);
+        let of: Vec<u32> = (0..refs as u32).collect();
+        let weights: Vec<f32> = normal(refs).iter().map(|x| x.abs().min(1.0)).collect();
+        let full = Reference::build(&images, &texts, &of, &weights, &of, (di, dt));
+        let small = full.clone().compress(8)?;
+        let mut qi = units(normal(n * di), di);
+        qi[..refs * di].copy_from_slice(&images);
+        qi[5 * di] = f32::NAN;
+        let qt = units(normal(n * dt), dt);
+        let dev = Device::Cpu;
+        let qi = Tensor::from_slice(&qi, (n, di), &dev)?;
+        let qt = Tensor::from_slice(&qt, (n, dt), &dev)?;
+        assert_eq!(pieces(n, 600).len(), 16 + 1);
+        for r in [&full, &small] {
+            for k in [0, 1, 20] {
+                let (a, b) = (
+                    r.score(&qi, &qt, k)?,
+                    score_one_chunk_at_a_time(r, &qi, &qt, k),
+                );
+                assert_eq!(a.len(), n);
+                for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                    assert!(x.to_bits() == y.to_bits(), "k {k}, query {i}: {x} vs {y}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn pieces_never_leave_one_row_alone_unless_the_chunk_is_one_row() {
+        for n in [1, 2, 64, 65, 129, 1024, 1025, 1089, 3000] {
+            let p = pieces(n, 1000);
+            assert_eq!(p.iter().map(|r| r.len()).sum::<usize>(), n);
+            assert!(p.windows(2).all(|w| w[0].end == w[1].start));
+            for r in &p {
+                let chunk_len = CHUNK.min(n - r.start / CHUNK * CHUNK);
+                assert!(r.len() > 1 || chunk_len == 1, "n {n}: {r:?}");
+                assert_eq!(r.start / CHUNK, (r.end - 1) / CHUNK, "n {n}: {r:?}");
+            }
+        }
+        assert_eq!(pieces(3000, 256), vec![0..1024, 1024..2048, 2048..3000]);
     }
 
     #[test]

@@ -74,7 +74,7 @@ fn joint(nets: &[Net], data: &PairInputs, idx: &[usize]) -> Result<Vec<(Tensor, 
 
 /// Mean over networks of image `a[k]`'s similarity with caption `b[k]`
 /// (rows of the embeddings).
-fn similarity(joint: &[(Tensor, Tensor)], a: &[u32], b: &[u32]) -> Result<Vec<f32>> {
+fn similarity_of(joint: &[(Tensor, Tensor)], a: &[u32], b: &[u32]) -> Result<Vec<f32>> {
     let dev = joint[0].0.device();
     let ia = Tensor::from_slice(a, a.len(), dev)?;
     let ib = Tensor::from_slice(b, b.len(), dev)?;
@@ -215,21 +215,37 @@ impl CleanModel {
     /// Both signals of pairs `idx` of `data`, a chunk at a time.
     pub fn signals_of(&self, nets: &[Net], data: &PairInputs, idx: &[usize]) -> Result<Signals> {
         let n = idx.len();
-        let mut out = Signals {
-            similarity: Vec::with_capacity(n),
-            neighbourhood: Vec::with_capacity(n),
-            hashes: Vec::with_capacity(n),
-        };
+        let mut similarity = Vec::with_capacity(n);
         for chunk in idx.chunks(CHUNK * 8) {
             let emb = joint(nets, data, chunk)?;
             let local: Vec<u32> = (0..chunk.len() as u32).collect();
-            out.similarity.extend(similarity(&emb, &local, &local)?);
-            let (pi, pt) = pooled(nets, data, chunk)?;
-            out.neighbourhood
-                .extend(self.reference.score(&pi, &pt, self.neighbours)?);
-            out.hashes.extend(hashes(&pi, &pt)?);
+            similarity.extend(similarity_of(&emb, &local, &local)?);
         }
-        Ok(out)
+        let (neighbourhood, hashes) = self.neighbourhood_of(nets, data, idx)?;
+        Ok(Signals {
+            similarity,
+            neighbourhood,
+            hashes,
+        })
+    }
+
+    /// The neighbourhood score ([`Reference::score`]) and the hash
+    /// ([`pair_hash`]) of pairs `idx` of `data`, a chunk at a time: both
+    /// from the pooled features.
+    pub fn neighbourhood_of(
+        &self,
+        nets: &[Net],
+        data: &PairInputs,
+        idx: &[usize],
+    ) -> Result<(Vec<f32>, Vec<u64>)> {
+        let mut scores = Vec::with_capacity(idx.len());
+        let mut hashed = Vec::with_capacity(idx.len());
+        for chunk in idx.chunks(CHUNK * 8) {
+            let (pi, pt) = pooled(nets, data, chunk)?;
+            scores.extend(self.reference.score(&pi, &pt, self.neighbours)?);
+            hashed.extend(hashes(&pi, &pt)?);
+        }
+        Ok((scores, hashed))
     }
 
     /// Clean probabilities of every pair of `data`.
@@ -259,6 +275,34 @@ impl CleanModel {
             })
             .collect()
     }
+
+    /// Clean probabilities of every pair of `data` whose similarity (the
+    /// networks' mean `S_ii`) is already known: `similarity[i]` must be
+    /// what [`CleanModel::signals`] computes for pair i (a method's score
+    /// pass computes the same number: `Runner::score_in`). Only the
+    /// neighbourhood score is computed here.
+    pub fn clean_probs_given(
+        &self,
+        nets: &[Net],
+        data: &PairInputs,
+        similarity: &[f32],
+    ) -> Result<Vec<f32>> {
+        if similarity.len() != data.len() {
+            return Err(crate::error::Error::State(format!(
+                "{} similarities for {} pairs",
+                similarity.len(),
+                data.len()
+            )));
+        }
+        let all: Vec<usize> = (0..data.len()).collect();
+        let (neighbourhood, hashes) = self.neighbourhood_of(nets, data, &all)?;
+        let signals = Signals {
+            similarity: similarity.to_vec(),
+            neighbourhood,
+            hashes,
+        };
+        Ok(self.clean_probs_of(&signals))
+    }
 }
 
 /// The calibration of `reference` fitted on pairs `idx` of `data` against
@@ -279,7 +323,7 @@ fn calibrate_on(
     let (pi, pt) = pooled(nets, data, idx)?;
     let local: Vec<u32> = (0..n as u32).collect();
     let observed = Signals {
-        similarity: similarity(&emb, &local, &local)?,
+        similarity: similarity_of(&emb, &local, &local)?,
         neighbourhood: reference.score(&pi, &pt, neighbours)?,
         hashes: Vec::new(),
     };
@@ -306,7 +350,7 @@ fn calibrate_on(
         let ia = Tensor::from_slice(&a, a.len(), dev)?;
         let ib = Tensor::from_slice(&b, b.len(), dev)?;
         Signals {
-            similarity: similarity(&emb, &a, &b)?,
+            similarity: similarity_of(&emb, &a, &b)?,
             neighbourhood: reference.score(
                 &pi.index_select(&ia, 0)?,
                 &pt.index_select(&ib, 0)?,
