@@ -35,6 +35,11 @@
 //! caption of a similar image) is partly counted as clean: on such data
 //! the noise rate is underestimated.
 //!
+//! The calibration is fitted on pairs held out of training (whole images,
+//! `runner::calibration_pairs`), which behave as new pairs do. Pairs the
+//! networks trained on are read at their quantile among the trained pairs
+//! ([`trained`]), so memorisation does not make them look cleaner.
+//!
 //! Everything is fitted once at the end of `fit` and kept in the
 //! checkpoint, so a pair's `clean_prob` depends on the pair and the
 //! checkpoint only: not on the file's other rows, their order or their
