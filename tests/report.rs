@@ -99,7 +99,7 @@ fn report_of_a_fitted_run_is_one_self_contained_page() {
     assert!(
         html.contains(&format!(
             "{} of 300 sampled pairs score above 99% of random pairings",
-            ncclean::threshold::percent(matched)
+            ncclean::curation::threshold::percent(matched)
         )),
         "no random-pairings fact"
     );

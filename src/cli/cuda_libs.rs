@@ -6,10 +6,10 @@
 use clap::Args;
 use serde_json::json;
 
-use crate::cuda_libs::{self, Inputs};
-use crate::device::{self, DRIVER};
 use crate::error::Result;
-use crate::progress::Reporter;
+use crate::runtime::cuda_libs::{self, Inputs};
+use crate::runtime::device::{self, DRIVER};
+use crate::runtime::progress::Reporter;
 
 /// Say where the CUDA libraries would be loaded from, and load them.
 #[derive(Debug, Args)]

@@ -10,9 +10,9 @@ use arrow_schema::{DataType, Field, Schema};
 use clap::Args;
 
 use crate::data::AtomicParquetWriter;
-use crate::demo::{DemoOptions, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE};
 use crate::error::{Error, Result};
-use crate::progress::Reporter;
+use crate::runtime::progress::Reporter;
+use crate::synth::demo::{DemoOptions, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE};
 
 /// Arguments of `ncclean demo`.
 #[derive(Debug, Args)]
@@ -87,7 +87,7 @@ pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
     let path = a.out.join("demo.parquet");
     // Drawn and written a row group at a time: memory does not grow with
     // --pairs.
-    let mut pairs = crate::demo::pairs(&DemoOptions {
+    let mut pairs = crate::synth::demo::pairs(&DemoOptions {
         pairs: a.pairs,
         seed: a.seed,
         image_size: a.image_size,
@@ -96,12 +96,12 @@ pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
     let meta = demo_metadata(&a);
     let mut w = AtomicParquetWriter::create(&path, schema.clone(), &meta)?;
     loop {
-        crate::interrupt::check()?;
+        crate::runtime::interrupt::check()?;
         let chunk: Vec<_> = pairs.by_ref().take(ROW_GROUP).collect();
         if chunk.is_empty() {
             break;
         }
-        let col = |f: &dyn Fn(&crate::demo::DemoPair) -> &str| -> ArrayRef {
+        let col = |f: &dyn Fn(&crate::synth::demo::DemoPair) -> &str| -> ArrayRef {
             Arc::new(StringArray::from_iter_values(chunk.iter().map(f)))
         };
         let images: ArrayRef = Arc::new(BinaryArray::from_iter_values(
@@ -165,7 +165,7 @@ fn shard_range(pairs: usize, n: usize, k: usize) -> std::ops::Range<usize> {
 /// at a time.
 fn write_embedding_shards(a: &DemoArgs, dim: usize, rep: &Reporter) -> Result<()> {
     use arrow_array::builder::{Float32Builder, ListBuilder};
-    let gen = crate::demo::EmbeddingDemo::new(dim, a.seed);
+    let gen = crate::synth::demo::EmbeddingDemo::new(dim, a.seed);
     let schema = demo_schema(Field::new(
         "image_embedding",
         DataType::List(Arc::new(Field::new("item", DataType::Float32, true))),
@@ -182,11 +182,11 @@ fn write_embedding_shards(a: &DemoArgs, dim: usize, rep: &Reporter) -> Result<()
         let mut w = AtomicParquetWriter::create(&path, schema.clone(), &meta)?;
         let range = shard_range(a.pairs, a.shards, k);
         for start in range.clone().step_by(ROW_GROUP) {
-            crate::interrupt::check()?;
+            crate::runtime::interrupt::check()?;
             let pairs: Vec<_> = (start..range.end.min(start + ROW_GROUP))
                 .map(|i| gen.pair(i))
                 .collect();
-            let col = |f: &dyn Fn(&crate::demo::EmbeddingPair) -> &str| -> ArrayRef {
+            let col = |f: &dyn Fn(&crate::synth::demo::EmbeddingPair) -> &str| -> ArrayRef {
                 Arc::new(StringArray::from_iter_values(pairs.iter().map(f)))
             };
             let mut emb = ListBuilder::new(Float32Builder::with_capacity(pairs.len() * dim));

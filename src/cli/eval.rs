@@ -14,13 +14,13 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
 use serde::Serialize;
 
-use crate::data::{self, LabelRow, RowStatus};
-use crate::error::{invalid, Result};
-use crate::metrics::{
+use crate::curation::metrics::{
     auroc, average_precision, calibration_error, kendall_tau_b, precision_recall_f1, spearman,
 };
-use crate::progress::Reporter;
-use crate::threshold::Ranked;
+use crate::curation::threshold::Ranked;
+use crate::data::{self, LabelRow, RowStatus};
+use crate::error::{invalid, Result};
+use crate::runtime::progress::Reporter;
 
 /// Arguments of `ncclean eval`.
 #[derive(Debug, Args)]
@@ -88,7 +88,7 @@ pub struct Detection {
     /// Share of the pairs the truth calls clean.
     pub clean_share: f64,
     /// Expected calibration error of clean_prob as P(clean), over ten
-    /// equal-width bins ([`crate::metrics::calibration_error`]); None
+    /// equal-width bins ([`crate::curation::metrics::calibration_error`]); None
     /// without pairs.
     pub calibration_error: Option<f64>,
     /// Precision of is_clean = false.
@@ -531,7 +531,7 @@ fn run_retrieval(a: &EvalArgs, rep: &Reporter) -> Result<()> {
             "eval --retrieval needs the held-out DATA to retrieve in".into(),
         ));
     }
-    let chosen = crate::device::choose(&a.device)?;
+    let chosen = crate::runtime::device::choose(&a.device)?;
     let checkpoint = a
         .checkpoint
         .as_deref()
@@ -557,7 +557,7 @@ fn run_retrieval(a: &EvalArgs, rep: &Reporter) -> Result<()> {
     }
     let captions: Vec<usize> = (0..prepared.ok.len()).collect();
     let sim = engine.similarity_matrix(&prepared, &images, &captions)?;
-    let r = crate::retrieval::retrieval(&sim, images.len(), &owner);
+    let r = crate::curation::retrieval::retrieval(&sim, images.len(), &owner);
     if a.json {
         println!(
             "{}",

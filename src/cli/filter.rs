@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
+use crate::curation::threshold::Ranked;
 use crate::data;
 use crate::engine::{FingerprintCheck, LabelIndex};
 use crate::error::{Error, Result};
-use crate::progress::Reporter;
-use crate::threshold::Ranked;
+use crate::runtime::progress::Reporter;
 
 use super::threshold::ThresholdArgs;
 use super::{DataArgs, ShardArgs};
@@ -98,7 +98,7 @@ pub enum Rule {
     /// The labels' own is_clean.
     IsClean,
     /// A cut resolved on the labels' clean_prob (ties by similarity).
-    Cut(crate::threshold::Cut),
+    Cut(crate::curation::threshold::Cut),
 }
 
 /// How users read a rule: in the log line and the filtered file's metadata.
@@ -146,7 +146,7 @@ fn filter_metadata(labels: &Path, rule: Rule) -> BTreeMap<String, String> {
     );
     meta.insert(
         "ncclean.build".to_string(),
-        crate::build_info::current().json().to_string(),
+        crate::runtime::build_info::current().json().to_string(),
     );
     meta.insert(
         "ncclean.filter.labels".to_string(),
@@ -175,7 +175,7 @@ fn write_joined(
     // One labels file serves many shards in --out-dir mode: there, keys of
     // other shards are expected.
     if joined.unmatched > 0 && one_output {
-        crate::progress::warn_once(&format!(
+        crate::runtime::progress::warn_once(&format!(
             "{} labelled keys are not in this input (e.g. {}); the labels cover more data than was given",
             joined.unmatched,
             joined
@@ -284,10 +284,10 @@ fn run_one(a: &FilterArgs, out: &Path, rep: &Reporter) -> Result<()> {
     // the labels) with the filtered subset: nothing to filter again from.
     let mut read: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
     read.push(a.labels.clone());
-    crate::rundir::check_not_an_input(out, &read, "--out")?;
-    crate::rundir::check_not_in_input_dir(out, &a.data.data, "--out")?;
+    crate::run::dir::check_not_an_input(out, &read, "--out")?;
+    crate::run::dir::check_not_in_input_dir(out, &a.data.data, "--out")?;
     if let Some(path) = &a.uids_out {
-        crate::rundir::check_not_an_input(path, &read, "--uids-out")?;
+        crate::run::dir::check_not_an_input(path, &read, "--uids-out")?;
     }
     let format = data::OutputFormat::choose(&input, out, a.format);
     check_all_rows(a, format, out)?;
@@ -318,7 +318,7 @@ fn run_one(a: &FilterArgs, out: &Path, rep: &Reporter) -> Result<()> {
 fn file_sha256(path: &Path) -> Result<String> {
     let f = std::fs::File::open(path)
         .map_err(|e| Error::InvalidInput(format!("{}: cannot open it ({e})", path.display())))?;
-    Ok(crate::hex::sha256_hex_of(f)
+    Ok(crate::runtime::hex::sha256_hex_of(f)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?)
 }
 
@@ -334,11 +334,11 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         ));
     }
     let shards = a.shards.select(&a.data.data, a.data.discovery())?;
-    crate::shards::prepare_out_dir(dir, &shards)?;
+    crate::run::shards::prepare_out_dir(dir, &shards)?;
     let per_shard = a.labels.is_dir();
     let labels_of = |stem: &str| -> PathBuf {
         if per_shard {
-            crate::shards::output_path(&a.labels, stem)
+            crate::run::shards::output_path(&a.labels, stem)
         } else {
             a.labels.clone()
         }
@@ -376,7 +376,7 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         Some(_) => Some(file_sha256(&a.labels)?),
         None => None,
     };
-    let summary = crate::shards::run(
+    let summary = crate::run::shards::run(
         dir,
         &shards,
         "filter",
@@ -425,7 +425,7 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
                     let index = LabelIndex::new(&labels)?;
                     let check = FingerprintCheck::of(shard.input, &meta)?;
                     if check != FingerprintCheck::Same {
-                        crate::progress::warn_once(&format!(
+                        crate::runtime::progress::warn_once(&format!(
                             "{}: {check}",
                             shard.shard.path.display()
                         ));
@@ -443,7 +443,7 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
                     )?
                 }
             };
-            Ok(crate::shards::Counts {
+            Ok(crate::run::shards::Counts {
                 rows: s.rows_in,
                 usable: s.rows_in,
                 skipped: s.dropped,
@@ -485,7 +485,7 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
 fn write_shard_uids(
     a: &FilterArgs,
     dir: &Path,
-    shards: &[crate::shards::Shard],
+    shards: &[crate::run::shards::Shard],
     path: &Path,
 ) -> Result<usize> {
     let outputs: Vec<PathBuf> = shards
@@ -495,7 +495,7 @@ fn write_shard_uids(
                 data::OutputFormat::Tar => "tar",
                 data::OutputFormat::Parquet => "parquet",
             };
-            crate::shards::output_path_as(dir, &s.stem, ext)
+            crate::run::shards::output_path_as(dir, &s.stem, ext)
         })
         .collect();
     let out = data::InputSet::open(&outputs, &a.data.column_options())?;
@@ -536,7 +536,7 @@ fn shard_format(explicit: Option<data::OutputFormat>, shard: &Path) -> data::Out
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::threshold::Rule as ThresholdRule;
+    use crate::curation::threshold::Rule as ThresholdRule;
 
     #[test]
     fn rules_read_as_sentences_not_debug_values() {

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::data::{ImageKind, ImageValue, TextEmbeddings};
-use crate::encoders::{ImageEncoder, TextEncoder};
 use crate::engine::{self, FitOptions};
 use crate::error::{invalid, Error, Result};
-use crate::progress::Reporter;
+use crate::runtime::progress::Reporter;
+use crate::towers::encoders::{ImageEncoder, TextEncoder};
 
 use super::threshold::ThresholdArgs;
 use super::{CacheArgs, DataArgs, EncoderArgs, ImageArgs, OutcomeArgs};
@@ -37,7 +37,7 @@ pub struct FitArgs {
     /// It is replaced as a whole when the new run is complete (until then the
     /// previous run stays readable); it must be new, empty or an earlier run.
     /// `score` and `report` read ./ncclean-run when not told otherwise.
-    #[arg(long, value_name = "DIR", default_value = crate::run_inputs::DEFAULT_RUN_DIR)]
+    #[arg(long, value_name = "DIR", default_value = crate::run::inputs::DEFAULT_RUN_DIR)]
     pub out_dir: PathBuf,
     /// Replace --out-dir even if it holds files that are not an ncclean run
     /// (they are deleted) or lies inside an input directory.
@@ -135,11 +135,11 @@ fn overrides(a: &FitArgs) -> Result<toml::Table> {
 
 pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     let rule = a.threshold.rule()?;
-    let chosen = crate::device::choose(&a.device)?;
+    let chosen = crate::runtime::device::choose(&a.device)?;
     let user = match &a.config {
-        Some(p) => Some(crate::small_file::read_text(
+        Some(p) => Some(crate::run::small_file::read_text(
             p,
-            crate::small_file::CONFIG_LIMIT,
+            crate::run::small_file::CONFIG_LIMIT,
             "config file",
         )?),
         None => None,
@@ -184,7 +184,9 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     } else {
         None
     };
-    let auto = photo.and_then(|_| crate::towers::auto_towers(&crate::towers::discover().found));
+    let auto = photo.and_then(|_| {
+        crate::towers::installed::auto_towers(&crate::towers::installed::discover().found)
+    });
     if let (Some((w, h)), Some(t)) = (photo, &auto) {
         rep.info(&format!(
             "towers: the first image is a {w}×{h} photo, so fit uses the pretrained towers \
@@ -199,7 +201,7 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         );
     }
     let (image_encoder, text_encoder, image_model, text_model) = chosen_towers;
-    let mut encoders = crate::encoders::EncoderSpec::resolve(
+    let mut encoders = crate::towers::encoders::EncoderSpec::resolve(
         &input,
         image_encoder,
         text_encoder,
@@ -209,7 +211,7 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     encoders.tower_dtype = a.encoders.tower_dtype;
     if image_encoder.is_none() && encoders.image == ImageEncoder::DemoCnn {
         if let Some((w, h)) = photo.or_else(|| first_photo(&input)) {
-            crate::progress::warn_once(&crate::towers::toy_tower_warning(w, h));
+            crate::runtime::progress::warn_once(&crate::towers::installed::toy_tower_warning(w, h));
         }
     }
     let opts = FitOptions {
@@ -222,7 +224,7 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         resume: a.resume,
         force: a.force,
         data_args: a.data.data.clone(),
-        run_inputs: crate::run_inputs::RunInputs::of(&input, &a.data)?,
+        run_inputs: crate::run::inputs::RunInputs::of(&input, &a.data)?,
         rule,
         sample: a.sample,
     };
@@ -266,10 +268,12 @@ fn first_photo(input: &crate::data::InputSet) -> Option<(u32, u32)> {
     let rows = input.pairs(1).next()?.ok()?;
     let bytes = match rows.first()?.image.as_ref()? {
         ImageValue::Bytes(b) => b.clone(),
-        ImageValue::Path(p) => crate::images::read_file(p, input.image_limits.max_bytes).ok()?,
+        ImageValue::Path(p) => {
+            crate::data::images::read_file(p, input.image_limits.max_bytes).ok()?
+        }
         ImageValue::Embedding(_) => return None,
     };
-    let (format, w, h) = crate::images::header(&bytes)?;
+    let (format, w, h) = crate::data::images::header(&bytes)?;
     let photo = matches!(format, image::ImageFormat::Jpeg | image::ImageFormat::WebP);
     (photo && w.min(h) >= 100).then_some((w, h))
 }

@@ -6,7 +6,7 @@ use clap::Args;
 
 use crate::data::TextEmbeddings;
 use crate::error::Result;
-use crate::progress::Reporter;
+use crate::runtime::progress::Reporter;
 
 use super::{DataArgs, ImageArgs};
 

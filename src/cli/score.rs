@@ -6,7 +6,7 @@
 //! labels appended to the output as it is scored. Memory follows the block
 //! (at most 65,536 pairs), not the file or the input. The output is one
 //! labels file (`--out`), or one labels file per input shard with
-//! completion markers (`--out-dir`, see [`crate::shards`]). Only `--refit`,
+//! completion markers (`--out-dir`, see [`crate::run::shards`]). Only `--refit`,
 //! whose mixture is fitted on every scored pair, reads the whole input at
 //! once.
 
@@ -18,10 +18,10 @@ use clap::Args;
 use crate::data::{self, InputSet, LabelRow, LabelsWriter};
 use crate::engine::{join_by_position, Engine, LabelsSummary};
 use crate::error::{Error, Result};
-use crate::features::CacheOptions;
-use crate::progress::Reporter;
-use crate::run_inputs::{self, RunInputs};
-use crate::shards::{self, Counts};
+use crate::run::inputs::{self, RunInputs};
+use crate::run::shards::{self, Counts};
+use crate::runtime::progress::Reporter;
+use crate::towers::features::CacheOptions;
 
 use super::threshold::ThresholdArgs;
 use super::{CacheArgs, DataArgs, ImageArgs, OutcomeArgs, ShardArgs};
@@ -80,8 +80,8 @@ pub struct ScoreArgs {
 
 pub fn run(mut a: ScoreArgs, rep: &Reporter) -> Result<()> {
     let rule = a.threshold.rule()?;
-    let chosen = crate::device::choose(&a.device)?;
-    let run = run_inputs::run_dir_or_default(a.checkpoint.as_deref(), "--checkpoint DIR")?;
+    let chosen = crate::runtime::device::choose(&a.device)?;
+    let run = inputs::run_dir_or_default(a.checkpoint.as_deref(), "--checkpoint DIR")?;
     let mut engine = Engine::load(&run, &chosen.device)?;
     refuse_without_signal(&engine)?;
     let mut recorded = None;
@@ -91,7 +91,7 @@ pub fn run(mut a: ScoreArgs, rep: &Reporter) -> Result<()> {
             "no DATA given: scoring the training data of {} ({files} file(s), read as fit read them)",
             run.display()
         ));
-        recorded = run_inputs::recorded_fingerprint(&run);
+        recorded = inputs::recorded_fingerprint(&run);
     }
     if let Some(rule) = rule {
         engine.use_rule(rule)?;
@@ -126,11 +126,15 @@ fn refuse_without_signal(engine: &Engine) -> Result<()> {
     if !stats.is_file() {
         return Ok(());
     }
-    let bytes = crate::small_file::read(&stats, crate::small_file::RUN_FILE_LIMIT, "run file")?;
+    let bytes =
+        crate::run::small_file::read(&stats, crate::run::small_file::RUN_FILE_LIMIT, "run file")?;
     let recorded = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
         .and_then(|v| {
-            serde_json::from_value::<crate::signal::SignalCheck>(v["signal"].clone()).ok()
+            serde_json::from_value::<crate::curation::division_check::SignalCheck>(
+                v["signal"].clone(),
+            )
+            .ok()
         });
     match recorded {
         Some(s) if s.no_signal() => Err(crate::error::invalid(format!(
@@ -168,9 +172,9 @@ fn stream_file(
     out: &mut LabelsWriter,
     mut kept: Option<&mut Kept>,
     warnings: &mut FileWarnings,
-) -> Result<(Counts, crate::threshold::Tally, f64)> {
+) -> Result<(Counts, crate::curation::threshold::Tally, f64)> {
     let mut total = Counts::default();
-    let mut tally = crate::threshold::Tally::default();
+    let mut tally = crate::curation::threshold::Tally::default();
     let mut seconds = 0.0;
     engine.score_file(input, cache, rep, |block| {
         out.write(&block.labels)?;
@@ -203,7 +207,7 @@ impl FileWarnings {
 
     fn add(&mut self, w: String) {
         if self.all.len() < Self::SHOWN {
-            crate::progress::warn_once(&w);
+            crate::runtime::progress::warn_once(&w);
         }
         self.all.push(w);
     }
@@ -212,7 +216,7 @@ impl FileWarnings {
     fn finish(&self) {
         if let Some(more) = self.all.len().checked_sub(Self::SHOWN).filter(|&m| m > 0) {
             let files = if more == 1 { "file" } else { "files" };
-            crate::progress::warn_once(&format!(
+            crate::runtime::progress::warn_once(&format!(
                 "{more} more {files} warned as above; the summary on stdout lists every warning \
                  (\"warnings\")"
             ));
@@ -283,7 +287,7 @@ fn run_one(
         .open_options(&engine.input_options(a.data.options_with(&a.images)))?;
     if let Some(want) = recorded {
         if input.fingerprint()? != want {
-            crate::progress::warn_once(&format!(
+            crate::runtime::progress::warn_once(&format!(
                 "the files run.json names as the training data changed since fit (their \
                  content differs from the input_fingerprint it records): scoring them as they \
                  are now, which is not the data {} was trained on; name the data to score \
@@ -293,11 +297,11 @@ fn run_one(
         }
     }
     let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
-    crate::rundir::check_not_an_input(out, &files, "--out")?;
-    crate::rundir::check_not_in_input_dir(out, &a.data.data, "--out")?;
+    crate::run::dir::check_not_an_input(out, &files, "--out")?;
+    crate::run::dir::check_not_in_input_dir(out, &a.data.data, "--out")?;
     if let Some(f) = &a.filtered {
-        crate::rundir::check_not_an_input(f, &files, "--filtered")?;
-        crate::rundir::check_not_in_input_dir(f, &a.data.data, "--filtered")?;
+        crate::run::dir::check_not_an_input(f, &files, "--filtered")?;
+        crate::run::dir::check_not_in_input_dir(f, &a.data.data, "--filtered")?;
         // The filtered file holds every input column: differing shards are
         // refused before anything is scored.
         data::check_same_schema(&input)?;
@@ -305,10 +309,10 @@ fn run_one(
     let cache = a.cache.options()?;
     // Both outputs are finished under temporary names, then renamed in
     // together: an interrupt never leaves new labels beside an old filter.
-    let labels_out = crate::temp::Pending::new(out)?;
+    let labels_out = crate::run::temp::Pending::new(out)?;
     let mut writer = LabelsWriter::create_in(labels_out.tmp_path())?;
     let mut total = Counts::default();
-    let mut tally = crate::threshold::Tally::default();
+    let mut tally = crate::curation::threshold::Tally::default();
     let mut seconds = 0.0;
     // `--filtered`: each file's decisions and kept rows' label values.
     let mut kept = Kept::default();
@@ -320,13 +324,13 @@ fn run_one(
         // Each file's pairs and cut, found in one pass over the pairs.
         let files = input.files.len();
         let mut pairs_of = vec![Vec::new(); files];
-        let mut tally_of = vec![crate::threshold::Tally::default(); files];
+        let mut tally_of = vec![crate::curation::threshold::Tally::default(); files];
         for (k, &row) in prepared.ok.iter().enumerate() {
             let f = prepared.rows[row].file;
             pairs_of[f].push(k);
             let l = &scored.labels[row];
             if let Some(p) = l.clean_prob {
-                let pair = crate::threshold::Ranked::new(p, l.similarity);
+                let pair = crate::curation::threshold::Ranked::new(p, l.similarity);
                 tally_of[f].add(&[pair], engine.cut().bound());
             }
         }
@@ -385,7 +389,7 @@ fn run_one(
     let mut filtered_out = None;
     let mut filtered_check = Ok(());
     if let Some(f) = &a.filtered {
-        let pending = crate::temp::Pending::new(f)?;
+        let pending = crate::run::temp::Pending::new(f)?;
         let format = data::OutputFormat::choose(&input, f, None);
         let ann = data::Annotations {
             labels: &kept.labels,
@@ -404,7 +408,7 @@ fn run_one(
         filtered_check = written.check(f);
         filtered_out = Some(pending);
     }
-    crate::interrupt::check()?;
+    crate::runtime::interrupt::check()?;
     labels_out.commit()?;
     if let Some(p) = filtered_out {
         p.commit()?;
@@ -445,12 +449,12 @@ fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Res
     let cut = engine.cut();
     let source = format!(
         "checkpoint sha256 {}; is_clean clean_prob >= {}{}; input options {}",
-        crate::checkpoint::sha256(&engine.dir)?,
+        crate::run::checkpoint::sha256(&engine.dir)?,
         cut.min_prob,
         cut.min_similarity
             .map(|s| format!(" (at it, similarity >= {s})"))
             .unwrap_or_default(),
-        &crate::hex::sha256_hex(
+        &crate::runtime::hex::sha256_hex(
             serde_json::to_string(&opts)
                 .context("serialising the input options")?
                 .as_bytes()

@@ -31,7 +31,7 @@
 use ncclean_pipelines::division::{Division, Fallback, Mixture};
 use serde::{Deserialize, Serialize};
 
-use crate::threshold::percent;
+use crate::curation::threshold::percent;
 
 /// Most pairs the check compares (its similarity matrix is this squared).
 pub const SAMPLE_PAIRS: usize = 1024;
@@ -100,7 +100,7 @@ impl SignalCheck {
                 }
             }
         }
-        let auroc = crate::metrics::auroc(&scores, &is_pair)?;
+        let auroc = crate::curation::metrics::auroc(&scores, &is_pair)?;
         others.sort_by(f64::total_cmp);
         let median = others[others.len() / 2];
         let p99 = others[(others.len() * 99 / 100).min(others.len() - 1)];
@@ -140,7 +140,7 @@ impl SignalCheck {
     /// `follows_division` ([`Rule::follows_division`]); a share or precision
     /// the user chose may cost matched pairs on purpose.
     ///
-    /// [`Rule::follows_division`]: crate::threshold::Rule::follows_division
+    /// [`Rule::follows_division`]: crate::curation::threshold::Rule::follows_division
     pub fn verdict(
         &self,
         estimated_noise_rate: f64,

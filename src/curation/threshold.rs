@@ -592,7 +592,7 @@ impl Record {
         let json = serde_json::to_vec_pretty(self).context("serialising the threshold record")?;
         crate::data::write_atomic(&dir.join(RECORD_FILE), &json)?;
         // The manifest covers the record too: an edited cut is refused.
-        crate::checkpoint::write_manifest(dir)
+        crate::run::checkpoint::write_manifest(dir)
     }
 
     /// The record in the checkpoint directory `dir`; `None` for a
@@ -602,8 +602,11 @@ impl Record {
         if !p.is_file() {
             return Ok(None);
         }
-        let bytes =
-            crate::small_file::read(&p, crate::small_file::RUN_FILE_LIMIT, "threshold record")?;
+        let bytes = crate::run::small_file::read(
+            &p,
+            crate::run::small_file::RUN_FILE_LIMIT,
+            "threshold record",
+        )?;
         let r: Record = serde_json::from_slice(&bytes).map_err(|e| {
             invalid(format!(
                 "{}: not a valid ncclean threshold record ({e}); run `ncclean fit` again",

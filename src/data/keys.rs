@@ -61,7 +61,7 @@ pub fn for_each_key(
     };
     let reader = Arc::new(FileReader::open(&info.path)?);
     for piece in reader.stream(Some(&[key.as_str()]), KEY_BATCH_ROWS, true) {
-        crate::interrupt::check()?;
+        crate::runtime::interrupt::check()?;
         match piece {
             Piece::Rows { batch, first_row } => {
                 let restored = restore_batch(&batch, reader.schema())

@@ -8,12 +8,14 @@
 mod columns;
 mod discover;
 mod filter;
+pub mod images;
 mod input;
 mod keys;
 mod labels;
 mod npy;
 mod read;
 mod rows;
+pub mod sample;
 mod webdataset;
 mod window;
 mod write;
@@ -23,7 +25,7 @@ pub(crate) mod testutil;
 
 use std::path::PathBuf;
 
-use crate::images::ImageLimits;
+use crate::data::images::ImageLimits;
 
 pub use columns::{image_columns, resolve_columns};
 pub use discover::Discovery;

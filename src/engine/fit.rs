@@ -1,6 +1,6 @@
 //! `ncclean fit`: train a method on prepared inputs and write the run
 //! directory (`checkpoint/`, `labels.parquet`, `filtered.parquet`,
-//! `stats.json`, `run.json`), committed as a whole (see [`crate::rundir`]).
+//! `stats.json`, `run.json`), committed as a whole (see [`crate::run::dir`]).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -10,20 +10,20 @@ use candle_core::Device;
 use ncclean_pipelines::{EpochStats, Observer, TrainConfig};
 use serde::Serialize;
 
-use super::checkpointed::Engine;
 use super::keep::join_by_position;
 use super::labels::config_hash;
 use super::prepare::{Preparer, READ_BATCH_ROWS};
-use crate::checkpoint::{self, CheckpointState};
+use super::trained::Engine;
+use crate::curation::division_check::{MixtureSummary, SignalCheck};
+use crate::curation::threshold::{Cut, Ranked, Record, Rule};
+use crate::data::sample::{Sample, SampleInfo};
 use crate::data::{self, InputSet};
-use crate::encoders::EncoderSpec;
 use crate::error::{invalid, Error, Result};
-use crate::features::CacheOptions;
-use crate::progress::Reporter;
-use crate::rundir::{self, RunDir};
-use crate::sample::{Sample, SampleInfo};
-use crate::signal::{MixtureSummary, SignalCheck};
-use crate::threshold::{Cut, Ranked, Record, Rule};
+use crate::run::checkpoint::{self, CheckpointState};
+use crate::run::dir::{self, RunDir};
+use crate::runtime::progress::Reporter;
+use crate::towers::encoders::EncoderSpec;
+use crate::towers::features::CacheOptions;
 
 /// What `fit` was asked to do.
 #[derive(Debug, Clone)]
@@ -41,7 +41,7 @@ pub struct FitOptions {
     /// Feature cache.
     pub cache: CacheOptions,
     /// Continue from the epoch checkpoint of `out_dir` if there is one
-    /// ([`rundir::resume_dir`]).
+    /// ([`dir::resume_dir`]).
     pub resume: bool,
     /// Replace an `out_dir` that is not an ncclean run, or that lies inside
     /// an input directory.
@@ -50,7 +50,7 @@ pub struct FitOptions {
     pub data_args: Vec<PathBuf>,
     /// Where the data lives and how it was read, for run.json (`score`
     /// without DATA, `report`'s pictures).
-    pub run_inputs: crate::run_inputs::RunInputs,
+    pub run_inputs: crate::run::inputs::RunInputs,
     /// The rule for the clean set (`None`: `clean_prob >=` the
     /// configuration's `threshold`).
     pub rule: Option<Rule>,
@@ -102,7 +102,7 @@ pub struct FitSummary {
     /// column only the copy reads); a partial result when not 0.
     pub filtered_dropped: usize,
     /// CPU threads of candle's matmuls and other ops (timings depend on it).
-    pub threads: crate::threads::ThreadSettings,
+    pub threads: crate::runtime::threads::ThreadSettings,
     /// The final division's mixture and a histogram of the statistic it was
     /// fitted on, for `ncclean report`; absent when the checkpoint holds no
     /// division.
@@ -128,7 +128,7 @@ pub fn fit(
     let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
     let run_dir = RunDir::begin(
         &opts.out_dir,
-        rundir::Inputs {
+        dir::Inputs {
             args: &opts.data_args,
             files: &files,
         },
@@ -138,7 +138,7 @@ pub fn fit(
     let want_local = ncclean_pipelines::config::head_for(&opts.method, cfg).local;
     let sample = opts.sample.and_then(|n| Sample::draw(input, n, opts.seed));
     let preparer = Preparer::new(input, &opts.encoders, cfg, want_local, &opts.cache, device)?;
-    if let Some(earlier) = crate::run_inputs::earlier_run(run_dir.out()) {
+    if let Some(earlier) = crate::run::inputs::earlier_run(run_dir.out()) {
         // With a default --out-dir, a second dataset's fit would otherwise
         // replace the first one's run without a word (said once the inputs
         // and towers are accepted, not before an error).
@@ -216,7 +216,7 @@ pub fn fit(
         pipeline: pipeline.state(),
     };
     check_state_size(&make_state(pipeline.as_ref()))?;
-    let resume_dir = rundir::resume_dir(run_dir.out());
+    let resume_dir = dir::resume_dir(run_dir.out());
     // A sample is the training data: another sample is other data.
     let training_data = match &sample {
         None => input.fingerprint()?,
@@ -357,7 +357,7 @@ pub fn fit(
         }
     }
     for w in &warnings {
-        crate::progress::warn_once(w);
+        crate::runtime::progress::warn_once(w);
     }
     let metadata = engine.metadata(&super::LabelsSummary {
         refit: false,
@@ -400,7 +400,7 @@ pub fn fit(
         epochs,
         filtered_rows: filtered.rows_out,
         filtered_dropped: filtered.dropped,
-        threads: crate::threads::current(),
+        threads: crate::runtime::threads::current(),
         division: crate::report::DivisionRecord::of(&engine.state.pipeline, &scored.statistic),
         sample: sample.as_ref().map(Sample::info),
     };
@@ -408,7 +408,7 @@ pub fn fit(
     data::write_atomic(&out.join("stats.json"), &stats_json)?;
     let run = serde_json::json!({
         "ncclean_version": env!("CARGO_PKG_VERSION"),
-        "ncclean_build": crate::build_info::current().json(),
+        "ncclean_build": crate::runtime::build_info::current().json(),
         "method": opts.method,
         "seed": opts.seed,
         "config": cfg,
@@ -426,12 +426,12 @@ pub fn fit(
         "sample": summary.sample,
         "device": format!("{device:?}"),
         "command": std::env::args().collect::<Vec<_>>(),
-        rundir::COMPLETE_KEY: true,
+        dir::COMPLETE_KEY: true,
     });
     let run_json = serde_json::to_vec_pretty(&run).context("serialising run.json")?;
     // Written last: its presence says every other output is in place.
     data::write_atomic(&out.join("run.json"), &run_json)?;
-    crate::interrupt::check()?;
+    crate::runtime::interrupt::check()?;
     run_dir.commit()?;
     // The run is complete: its epoch checkpoint has served.
     if resume_dir.exists() {
@@ -443,13 +443,13 @@ pub fn fit(
 
 /// Refuse, before any epoch, a checkpoint state that would be too large to
 /// be read back (`score`, and `fit` itself after training, read state.json
-/// bounded by [`crate::small_file::RUN_FILE_LIMIT`]): half of it, as
+/// bounded by [`crate::run::small_file::RUN_FILE_LIMIT`]): half of it, as
 /// training adds the division and its statistics.
 fn check_state_size(state: &CheckpointState) -> Result<()> {
     let bytes = serde_json::to_vec(state)
         .context("serialising checkpoint state")?
         .len() as u64;
-    let limit = crate::small_file::RUN_FILE_LIMIT / 2;
+    let limit = crate::run::small_file::RUN_FILE_LIMIT / 2;
     if bytes > limit {
         let vocab = state.vocab.as_ref().map_or(0, |v| v.words.len());
         return Err(invalid(format!(

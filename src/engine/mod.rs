@@ -13,12 +13,11 @@
 //! [`Engine`] and scores its own training pairs with [`Engine::score_rows`],
 //! the same function `ncclean score` calls; it then resolves its threshold
 //! rule on them and stores the cut with the checkpoint
-//! ([`crate::threshold::Record`]), so both agree exactly.
+//! ([`crate::curation::threshold::Record`]), so both agree exactly.
 
 #[cfg(test)]
 use crate::data::InputSet;
 
-mod checkpointed;
 mod fit;
 mod join;
 mod keep;
@@ -27,8 +26,8 @@ mod labels;
 mod polars_filter;
 mod prepare;
 mod stream;
+mod trained;
 
-pub use checkpointed::{Engine, LabelsSummary, Scored};
 pub use fit::{fit, FitOptions, FitSummary};
 pub use join::{FingerprintCheck, Joined, LabelIndex, Positional, NO_LABEL};
 pub use keep::{join_by_position, keep_mask, keep_mask_by};
@@ -39,6 +38,7 @@ pub use prepare::{
     image_identity, prepare_for, scan, Prepared, PreparedRun, Preparer, RowRecord, READ_BATCH_ROWS,
 };
 pub use stream::BlockLabels;
+pub use trained::{Engine, LabelsSummary, Scored};
 
 /// An input set of files `data/train.parquet`, `data/part-1.parquet`, … with
 /// `rows[i]` rows each, for tests that need names and row counts only.

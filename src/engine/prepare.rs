@@ -16,13 +16,13 @@ use ncclean_pipelines::{Observer, TrainConfig};
 
 use candle_core::Device;
 
+use crate::data::images::{self, ImageLimits};
 use crate::data::{ImageKind, ImageValue, InputSet, PairRow};
-use crate::encoders::{EncoderSpec, ImageEncoder, ImageTower, TextEncoder, TextTower};
 use crate::error::{invalid, Error, Result};
-use crate::features::{self, CacheOptions, Extraction, SideFeatures};
-use crate::images::{self, ImageLimits};
-use crate::parallel::parallel_map;
-use crate::progress::Reporter;
+use crate::runtime::parallel::parallel_map;
+use crate::runtime::progress::Reporter;
+use crate::towers::encoders::{EncoderSpec, ImageEncoder, ImageTower, TextEncoder, TextTower};
+use crate::towers::features::{self, CacheOptions, Extraction, SideFeatures};
 
 /// Rows read per batch from parquet: bounds the memory of raw image bytes.
 pub const READ_BATCH_ROWS: usize = 256;
@@ -171,7 +171,7 @@ fn decode_image(
 /// Decode the images of a batch on all cores, preserving order; rows
 /// already known to be unusable are not decoded. Memory stays within
 /// `limits`' decode budget whatever the number of cores (see
-/// [`crate::images`]).
+/// [`crate::data::images`]).
 fn decode_batch(
     batch: &[PairRow],
     path: ImagePath,
@@ -273,7 +273,7 @@ fn read_pass(
     obs.start("reading", n as u64);
     for batch in batches {
         let batch = batch?;
-        crate::interrupt::check()?;
+        crate::runtime::interrupt::check()?;
         if let Some(ex) = extraction.as_deref_mut() {
             ex.push(&batch)?;
         }

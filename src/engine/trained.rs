@@ -14,14 +14,14 @@ use ncclean_pipelines::{PairScores, Pipeline};
 
 use super::labels::{config_hash, label_rows};
 use super::prepare::{prepare_for, Prepared, PreparedRun};
-use crate::checkpoint::{self, CheckpointState};
+use crate::curation::division_check::{self, SignalCheck};
+use crate::curation::threshold::{self, Bound, Cut, Ranked, Record, Rule, Tally};
 use crate::data::{ColumnOptions, ImageKind, InputSet, LabelRow, TextEmbeddings};
-use crate::encoders::{ImageEncoder, TextEncoder};
 use crate::error::{invalid, pipeline_at, Error, Result};
-use crate::features::CacheOptions;
-use crate::progress::Reporter;
-use crate::signal::{self, SignalCheck};
-use crate::threshold::{self, Bound, Cut, Ranked, Record, Rule, Tally};
+use crate::run::checkpoint::{self, CheckpointState};
+use crate::runtime::progress::Reporter;
+use crate::towers::encoders::{ImageEncoder, TextEncoder};
+use crate::towers::features::CacheOptions;
 
 /// Refuse a state whose vocabulary does not fit its text tower: ids past
 /// the tower's embedding table would fail in the middle of scoring, and a
@@ -254,7 +254,7 @@ impl Engine {
         self.similarities(&per_net, images, captions)
     }
 
-    /// [`SignalCheck`] of this model on at most [`signal::SAMPLE_PAIRS`]
+    /// [`SignalCheck`] of this model on at most [`division_check::SAMPLE_PAIRS`]
     /// evenly spaced pairs of `pairs` (positions in `inputs`): only those
     /// are embedded. `None` with fewer than 2.
     pub fn signal_check(
@@ -262,7 +262,7 @@ impl Engine {
         inputs: &PairInputs,
         pairs: &[usize],
     ) -> Result<Option<SignalCheck>> {
-        let picked: Vec<usize> = signal::sample(pairs.len())
+        let picked: Vec<usize> = division_check::sample(pairs.len())
             .into_iter()
             .map(|k| pairs[k])
             .collect();
@@ -296,7 +296,7 @@ impl Engine {
     /// `score`'s warning about the file `name`, whose usable pairs are
     /// `pairs` (positions in `inputs`), with `tally` this engine's cut over
     /// them: what a [`SignalCheck`] on them says of the cut, if anything.
-    /// Files of fewer than [`signal::MIN_PAIRS`] pairs are not judged (nor
+    /// Files of fewer than [`division_check::MIN_PAIRS`] pairs are not judged (nor
     /// embedded).
     pub fn signal_warning(
         &self,
@@ -305,7 +305,7 @@ impl Engine {
         pairs: &[usize],
         tally: &Tally,
     ) -> Result<Option<String>> {
-        if pairs.len() < signal::MIN_PAIRS {
+        if pairs.len() < division_check::MIN_PAIRS {
             return Ok(None);
         }
         let Some(check) = self.signal_check(inputs, pairs)? else {
@@ -444,7 +444,7 @@ impl Engine {
         put(
             &mut metadata,
             "build",
-            crate::build_info::current().json().to_string(),
+            crate::runtime::build_info::current().json().to_string(),
         );
         put(&mut metadata, "method", self.state.method.clone());
         put(&mut metadata, "preset", self.state.method.clone());

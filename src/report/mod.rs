@@ -35,9 +35,9 @@ pub use thumbs::{data_uri, thumbnail, Shown, Source, THUMB_PX};
 
 use ncclean_pipelines::division::{Fallback, MixtureKind};
 
+use crate::curation::threshold::{self, percent, Ranked, Rule};
 use crate::data::RowStatus;
 use crate::error::Result;
-use crate::threshold::{self, percent, Ranked, Rule};
 
 /// Bins of the `clean_prob` and similarity histograms.
 pub const HIST_BINS: usize = 40;

@@ -7,10 +7,10 @@ use ncclean_pipelines::EpochStats;
 
 use super::fitted::DivisionRecord;
 use super::thumbs::Source;
+use crate::data::images::ImageLimits;
 use crate::data::{ColumnMap, LabelRow};
 use crate::error::{invalid, Result};
-use crate::images::ImageLimits;
-use crate::rundir::{self, json_field};
+use crate::run::dir::{self, json_field};
 
 /// What the report needs from a run directory.
 #[derive(Debug, Clone)]
@@ -32,7 +32,7 @@ pub struct RunRecord {
     /// What `fit` warned about the division (`stats.json` `warnings`).
     pub warnings: Vec<String>,
     /// `fit`'s check of the trained model against random pairings.
-    pub signal: Option<crate::signal::SignalCheck>,
+    pub signal: Option<crate::curation::division_check::SignalCheck>,
     /// One row per input row.
     pub labels: Vec<LabelRow>,
 }
@@ -46,8 +46,8 @@ pub fn load(dir: &Path) -> Result<RunRecord> {
             dir.display()
         )));
     }
-    let run: serde_json::Value = rundir::read_json(&run_json)?;
-    if run.get(crate::rundir::COMPLETE_KEY) != Some(&serde_json::Value::Bool(true)) {
+    let run: serde_json::Value = dir::read_json(&run_json)?;
+    if run.get(crate::run::dir::COMPLETE_KEY) != Some(&serde_json::Value::Bool(true)) {
         return Err(invalid(format!(
             "{}: the run is not marked complete; run `ncclean fit` to the end first",
             run_json.display()
@@ -62,14 +62,14 @@ pub fn load(dir: &Path) -> Result<RunRecord> {
         .find_map(|p| run.pointer(p))
         .and_then(serde_json::Value::as_f64)
         .filter(|t| *t <= 1.0)
-        .unwrap_or(crate::threshold::DEFAULT_MIN_PROB);
+        .unwrap_or(crate::curation::threshold::DEFAULT_MIN_PROB);
     let inputs: Vec<String> = serde_json::from_value(field("inputs")).map_err(|e| {
         invalid(format!(
             "{}: \"inputs\" is not a list of paths ({e})",
             run_json.display()
         ))
     })?;
-    let recorded = json_field::<crate::run_inputs::RunInputs>(&run, "input_files")
+    let recorded = json_field::<crate::run::inputs::RunInputs>(&run, "input_files")
         .filter(|r| r.files.len() == inputs.len());
     let source = Source {
         inputs,
@@ -80,7 +80,7 @@ pub fn load(dir: &Path) -> Result<RunRecord> {
     };
     let stats_path = dir.join("stats.json");
     let (epochs, division, warnings, signal) = if stats_path.is_file() {
-        let stats: serde_json::Value = rundir::read_json(&stats_path)?;
+        let stats: serde_json::Value = dir::read_json(&stats_path)?;
         let epochs = serde_json::from_value(stats.get("epochs").cloned().unwrap_or_default())
             .map_err(|e| {
                 invalid(format!(

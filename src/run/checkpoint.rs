@@ -23,9 +23,9 @@ use sha2::{Digest, Sha256};
 
 use crate::data::ColumnMap;
 use crate::error::{invalid, pipeline_at, Result};
-use crate::hex::{hex, FileDigest};
-use crate::small_file;
-use crate::temp;
+use crate::run::small_file;
+use crate::run::temp;
+use crate::runtime::hex::{hex, FileDigest};
 
 /// Version of the checkpoint layout; bumped on incompatible changes.
 /// 2: the method state is the runner's (`division`, `net_seeds`,
@@ -50,7 +50,7 @@ pub struct CheckpointState {
     /// Vocabulary of the demo text tower, if used.
     pub vocab: Option<Vocab>,
     /// Towers that produce the head's inputs.
-    pub encoders: crate::encoders::EncoderSpec,
+    pub encoders: crate::towers::encoders::EncoderSpec,
     /// Input columns the model was trained on (for messages on mismatch).
     pub columns: ColumnMap,
     /// Number of training pairs (per-pair state is aligned with them).

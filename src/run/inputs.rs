@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::cli::DataArgs;
 use crate::data::{CaptionFrom, ColumnMap, InputSet, KeyFrom};
 use crate::error::{Error, Result};
-use crate::rundir::{absolute, json_field, read_json};
+use crate::run::dir::{absolute, json_field, read_json};
 
 /// The run directory `fit` writes and `score` and `report` read when no
 /// other is named.
@@ -73,7 +73,7 @@ impl RunInputs {
 /// (`input_fingerprint`), for the run at `run` (a run directory or its
 /// `checkpoint/`); `None` for a run that records none.
 pub fn recorded_fingerprint(run: &Path) -> Option<String> {
-    let checkpoint = crate::checkpoint::locate(run).ok()?;
+    let checkpoint = crate::run::checkpoint::locate(run).ok()?;
     let path = checkpoint.parent()?.join("run.json");
     let run = read_json(&path).ok()?;
     json_field::<String>(&run, "input_fingerprint")
@@ -93,10 +93,10 @@ pub fn recorded_inputs_changed(run: &Path) -> Option<bool> {
 }
 
 /// The recorded inputs and resolved columns of the run at `run` (a run
-/// directory or its `checkpoint/`, as [`crate::checkpoint::locate`] takes it:
+/// directory or its `checkpoint/`, as [`crate::run::checkpoint::locate`] takes it:
 /// run.json sits beside the checkpoint).
 fn read(run: &Path) -> Result<(RunInputs, ColumnMap)> {
-    let checkpoint = crate::checkpoint::locate(run)?;
+    let checkpoint = crate::run::checkpoint::locate(run)?;
     let path = checkpoint
         .parent()
         .unwrap_or(Path::new("."))

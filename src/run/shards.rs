@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::{self, InputSet};
 use crate::error::{invalid, Error, Result};
-use crate::progress::Reporter;
+use crate::runtime::progress::Reporter;
 
 /// Largest `--files-from` list read (bytes): a million paths of 256 bytes.
 const MAX_LIST_BYTES: u64 = 256 << 20;
@@ -228,7 +228,7 @@ pub struct Marker {
     /// whose output was truncated, replaced or swapped with another's
     /// (absent in markers of earlier versions, which are redone).
     #[serde(default)]
-    pub output_digest: Option<crate::hex::FileDigest>,
+    pub output_digest: Option<crate::runtime::hex::FileDigest>,
     /// The shard's counts.
     pub counts: Counts,
     /// Seconds the shard took.
@@ -322,7 +322,7 @@ fn output_intact(out_dir: &Path, m: &Marker, rep: &Reporter) -> bool {
         return false;
     };
     let intact = std::fs::metadata(&path).is_ok_and(|md| md.len() == want.bytes)
-        && crate::hex::FileDigest::of(&path).is_ok_and(|d| &d == want);
+        && crate::runtime::hex::FileDigest::of(&path).is_ok_and(|d| &d == want);
     if !intact {
         rep.info(&format!(
             "{}: differs from what its completion marker recorded (truncated, replaced or \
@@ -389,18 +389,18 @@ pub fn run(
         ..Summary::default()
     };
     for (i, shard) in shards.iter().enumerate() {
-        crate::interrupt::check()?;
+        crate::runtime::interrupt::check()?;
         let ext = ext(shard);
         let path = output_path_as(out_dir, &shard.stem, ext);
         let marker = marker_path(out_dir, &shard.stem);
         // Temporaries of killed workers are removed; a live one's are left.
-        crate::temp::sweep(&path)?;
-        crate::temp::sweep(&marker)?;
+        crate::run::temp::sweep(&path)?;
+        crate::run::temp::sweep(&marker)?;
         let input = match open(&shard.path) {
             Ok(input) => input,
             // An empty shard has nothing to write; the others go on.
             Err(_) if data::is_empty_shard(&shard.path) => {
-                crate::progress::warn_once(&data::EmptyShard(&shard.path).to_string());
+                crate::runtime::progress::warn_once(&data::EmptyShard(&shard.path).to_string());
                 continue;
             }
             Err(e) => return Err(e),
@@ -438,7 +438,7 @@ pub fn run(
             path: path.clone(),
         })?;
         let seconds = started.elapsed().as_secs_f64();
-        let output_digest = crate::hex::FileDigest::of(&path)
+        let output_digest = crate::runtime::hex::FileDigest::of(&path)
             .with_context(|| format!("cannot read {} back", path.display()))?;
         let m = Marker {
             ncclean_version: env!("CARGO_PKG_VERSION").to_string(),

@@ -9,7 +9,7 @@
 //! NVRTC at run time (`scripts/build_cuda.sh` builds it that way), so the
 //! same binary starts on a machine without a driver. Before any CUDA call
 //! the driver is probed with `dlopen` and the libraries are found and
-//! loaded by [`crate::cuda_libs`] (`cuda-libs/` beside the binary,
+//! loaded by [`crate::runtime::cuda_libs`] (`cuda-libs/` beside the binary,
 //! `$NCCLEAN_CUDA_LIBS`, the Python environment on PATH): cudarc panics
 //! when one is missing, and a panic is not a message a user can act on.
 //! Where they came from is part of the `device:` line.
@@ -153,7 +153,10 @@ impl CudaProbe for SystemProbe {
 
     fn libraries(&self) -> std::result::Result<String, String> {
         load_any(&DRIVER)?;
-        crate::cuda_libs::locate_and_load(&crate::cuda_libs::Inputs::current(), &dlopen)
+        crate::runtime::cuda_libs::locate_and_load(
+            &crate::runtime::cuda_libs::Inputs::current(),
+            &dlopen,
+        )
     }
 
     fn open(&self, ordinal: usize) -> std::result::Result<(Device, String), String> {
@@ -171,7 +174,7 @@ pub struct RuntimeLibrary {
 }
 
 /// The driver: not shipped, it comes with the machine (found by name).
-/// cuBLAS, cuRAND and NVRTC are found by [`crate::cuda_libs`].
+/// cuBLAS, cuRAND and NVRTC are found by [`crate::runtime::cuda_libs`].
 pub const DRIVER: RuntimeLibrary = RuntimeLibrary {
     what: "no driver found",
     names: &["libcuda.so.1", "libcuda.so"],

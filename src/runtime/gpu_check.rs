@@ -403,7 +403,7 @@ fn decode_rate(s: &Sizes) -> Result<Value> {
     });
     for (name, set) in [("jpeg", &jpegs), ("png", &pngs)] {
         let t = Instant::now();
-        let decoded = crate::parallel::parallel_map(set, |b| pre.apply(b));
+        let decoded = crate::runtime::parallel::parallel_map(set, |b| pre.apply(b));
         let secs = seconds(t);
         if let Some(Err(e)) = decoded.iter().find(|d| d.is_err()) {
             return Err(anyhow!("decoding a test {name}: {e}"));

@@ -347,7 +347,7 @@ impl Observer for StageObserver {
     }
 
     fn cancelled(&self) -> bool {
-        crate::interrupt::requested()
+        crate::runtime::interrupt::requested()
     }
 }
 

@@ -175,7 +175,7 @@ impl EncoderSpec {
         let image_model = match image {
             ImageEncoder::MobilenetV2 | ImageEncoder::Clip => {
                 let fallback = (image == ImageEncoder::MobilenetV2)
-                    .then(crate::towers::default_mobilenet)
+                    .then(crate::towers::installed::default_mobilenet)
                     .flatten()
                     .map(|p| p.display().to_string());
                 Some(image_model.or(fallback).ok_or_else(|| {
@@ -192,7 +192,7 @@ impl EncoderSpec {
                         } else {
                             format!(
                                 ", or ${} / ~/.cache/ncclean/mobilenet_v2/model.safetensors",
-                                crate::towers::MOBILENET_ENV
+                                crate::towers::installed::MOBILENET_ENV
                             )
                         }
                     ))
@@ -447,7 +447,7 @@ fn absolute_if_local(model: String) -> String {
 /// sha256 prefix of a file's content, streamed (CLIP's weights are 600 MB).
 fn file_sha256(path: &Path) -> Result<String> {
     let hash = std::fs::File::open(path)
-        .and_then(crate::hex::sha256_hex_of)
+        .and_then(crate::runtime::hex::sha256_hex_of)
         .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
     Ok(hash[..16].to_string())
 }

@@ -165,11 +165,11 @@ fn model_type(config: &Path) -> Option<&'static str> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AutoTowers {
     /// Image tower.
-    pub image: crate::encoders::ImageEncoder,
+    pub image: crate::towers::encoders::ImageEncoder,
     /// Its weights.
     pub image_model: String,
     /// Text tower.
-    pub text: crate::encoders::TextEncoder,
+    pub text: crate::towers::encoders::TextEncoder,
     /// Its weights; `None` for the default MiniLM directory, or CLIP's own
     /// (the image model's).
     pub text_model: Option<String>,
@@ -183,7 +183,7 @@ pub struct AutoTowers {
 /// `sentence-transformers/` model in the hub cache). None when neither pair
 /// is complete: an image tower alone cannot match captions.
 pub fn auto_towers(found: &[Found]) -> Option<AutoTowers> {
-    use crate::encoders::{ImageEncoder, TextEncoder};
+    use crate::towers::encoders::{ImageEncoder, TextEncoder};
     if let Some(clip) = found.iter().find(|f| f.kind == "clip") {
         return Some(AutoTowers {
             image: ImageEncoder::Clip,
@@ -297,7 +297,7 @@ mod tests {
 
     #[test]
     fn auto_towers_take_clip_first_then_mobilenet_with_a_sentence_model() {
-        use crate::encoders::{ImageEncoder, TextEncoder};
+        use crate::towers::encoders::{ImageEncoder, TextEncoder};
         let found = |kind: &'static str, name: &str, flags: &str| Found {
             kind,
             name: name.into(),

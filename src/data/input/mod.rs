@@ -18,9 +18,9 @@ use super::webdataset::{self, PairBatches};
 use super::{
     ColumnMap, ColumnOptions, FileFormat, ImageKind, InputFile, InputSet, PairRow, TextEmbeddings,
 };
+use crate::data::images::ImageBase;
 use crate::error::{invalid, Result};
-use crate::hex::hex;
-use crate::images::ImageBase;
+use crate::runtime::hex::hex;
 
 /// Rows sampled from the first file to settle a variable-length embedding's
 /// dimension; small enough to keep `open` footer-cheap.
@@ -464,7 +464,7 @@ impl PairIter<'_> {
                 }
                 Some(Piece::Damaged(d)) => {
                     let reason = d.reason();
-                    crate::progress::warn_once(&format!(
+                    crate::runtime::progress::warn_once(&format!(
                         "{reason}; labelled skipped: {}",
                         row_span(d.first_row, d.rows)
                     ));

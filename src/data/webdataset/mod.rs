@@ -31,8 +31,8 @@ use self::group::{climbs_out, split_name, Grouper, Lost, Sample, WINDOW};
 use self::tar::{Entry, Member, TarReader};
 use super::PairRow;
 use super::{ColumnMap, ColumnOptions, FileFormat, ImageKind, ImageValue, InputFile, InputSet};
+use crate::data::images::human_bytes;
 use crate::error::{invalid, Error, Result};
-use crate::images::human_bytes;
 
 pub(crate) use write::write_filtered_parquet;
 pub use write::{write_filtered_tar, write_filtered_tar_shard};
@@ -356,7 +356,7 @@ impl SampleStream {
                     self.ready.extend(self.grouper.drain());
                 }
                 Some(Entry::Damaged { start, end, why }) => {
-                    crate::progress::warn_once(&format!(
+                    crate::runtime::progress::warn_once(&format!(
                         "{}: {why}; bytes {start}..{end} are passed over (the members there are lost; \
                          their row is keyed {}) and reading goes on at the next valid header",
                         self.path.display(),
@@ -376,7 +376,7 @@ impl SampleStream {
                             "the file ends inside member {} after {have} of its {} bytes (a truncated tar)",
                             m.name, m.size
                         );
-                        crate::progress::warn_once(&format!(
+                        crate::runtime::progress::warn_once(&format!(
                             "{}: {why}; the samples before it are read",
                             self.path.display()
                         ));
@@ -615,7 +615,7 @@ impl PairBatches {
     pub fn next_batch(&mut self, n: usize) -> Result<Option<Vec<PairRow>>> {
         let mut rows = Vec::new();
         while rows.len() < n.max(1) {
-            crate::interrupt::check()?;
+            crate::runtime::interrupt::check()?;
             match self.stream.next_sample()? {
                 Some(s) => rows.push(s.into_pair(self.file)),
                 None => break,

@@ -256,7 +256,7 @@ pub fn corrupt(input: &InputSet, noise: &Noise, out: &Path) -> Result<CorruptSum
         let captions: Vec<&str> = captions.iter().map(String::as_str).collect();
         noise_sources(noise, &image_of, &captions)
     };
-    crate::interrupt::check()?;
+    crate::runtime::interrupt::check()?;
     let moved = image_columns(&schema, &input.columns);
 
     let indices = UInt64Array::from_iter_values(perm.iter().map(|&s| s as u64));
@@ -325,12 +325,12 @@ pub fn corrupt(input: &InputSet, noise: &Noise, out: &Path) -> Result<CorruptSum
     while start < n {
         // A first Ctrl-C stops here (the temporary is removed), as in
         // every other command, instead of being ignored until the end.
-        crate::interrupt::check()?;
+        crate::runtime::interrupt::check()?;
         let len = BATCH_ROWS.min(n - start);
         writer.write(&batch.slice(start, len))?;
         start += len;
     }
-    crate::interrupt::check()?;
+    crate::runtime::interrupt::check()?;
     writer.finish()?;
     Ok(CorruptSummary {
         rows: n,
@@ -398,7 +398,7 @@ fn read_all(input: &InputSet) -> Result<RecordBatch> {
     let mut batches = Vec::new();
     for f in 0..input.files.len() {
         for b in input.record_batches(f, BATCH_ROWS)? {
-            crate::interrupt::check()?;
+            crate::runtime::interrupt::check()?;
             // Shards may differ in schema-level metadata only; re-tag them.
             let b = b?;
             let b = RecordBatch::try_new(schema.clone(), b.columns().to_vec())

@@ -12,12 +12,12 @@ use super::side::{Side, SideFeatures};
 use super::store::{key_of, CacheOptions, Key};
 use ncclean_pipelines::Observer;
 
+use crate::data::images::{self, ImageLimits};
 use crate::data::{ImageValue, InputSet, PairRow};
-use crate::encoders::{ImageTower, TextTower};
 use crate::error::Result;
-use crate::images::{self, ImageLimits};
-use crate::parallel::parallel_map;
-use crate::progress::Reporter;
+use crate::runtime::parallel::parallel_map;
+use crate::runtime::progress::Reporter;
+use crate::towers::encoders::{ImageTower, TextTower};
 
 const IMAGE_BATCH: usize = 32;
 const TEXT_BATCH: usize = 64;
@@ -74,7 +74,7 @@ pub fn extract(
     obs.start("encoding", input.num_rows() as u64);
     for batch in input.pairs(READ_ROWS) {
         let batch = batch?;
-        crate::interrupt::check()?;
+        crate::runtime::interrupt::check()?;
         ex.push(&batch)?;
         obs.advance(batch.len() as u64);
     }
@@ -180,7 +180,7 @@ impl<'a> Extraction<'a> {
             }
             let limits = &self.limits;
             // Memory stays within the decode budget whatever the number of
-            // cores (see crate::images).
+            // cores (see crate::data::images).
             let decoded = parallel_map(&todo, |(_, b)| {
                 // A decoder bug on one malformed image must not end the whole run.
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -10,7 +10,7 @@ use half::f16;
 
 use super::store::{f16_values, Key, ShardWriter, Store};
 use crate::error::Result;
-use crate::progress::Reporter;
+use crate::runtime::progress::Reporter;
 
 /// Marks a row without a vector.
 pub const NONE: u32 = u32::MAX;
@@ -147,7 +147,7 @@ impl Side {
     pub(super) fn record(
         &mut self,
         keys: &[Key],
-        out: &crate::encoders::TowerOutput,
+        out: &crate::towers::encoders::TowerOutput,
         local: &Tensor,
         lens: &[u16],
     ) -> Result<()> {
@@ -331,7 +331,7 @@ mod tests {
         assert!(side.assign(1, c));
         assert!(side.assign(2, key_of(b"bad")));
         side.fail(key_of(b"bad"), "no".into());
-        let out = crate::encoders::TowerOutput {
+        let out = crate::towers::encoders::TowerOutput {
             global: tensor(&[1.0, 1.0], 1),
             local: tensor(&[7.0, 8.0], 1),
             mask: None,
@@ -339,7 +339,7 @@ mod tests {
         side.record(&[c], &out, &out.local, &[1]).unwrap();
         let feats = side
             .finish(
-                &Reporter::plain(crate::progress::LogFormat::Json),
+                &Reporter::plain(crate::runtime::progress::LogFormat::Json),
                 "captions",
             )
             .unwrap();
@@ -357,14 +357,17 @@ mod tests {
         assert!(side.assign(2, b));
         side.fail(b, "cannot decode image".into());
         assert!(!side.assign(3, b), "a known failure is not retried");
-        let out = crate::encoders::TowerOutput {
+        let out = crate::towers::encoders::TowerOutput {
             global: tensor(&[3.0, 4.0], 1),
             local: tensor(&[0.0; 2], 1),
             mask: None,
         };
         side.record(&[a], &out, &out.local, &[]).unwrap();
         let f = side
-            .finish(&Reporter::plain(crate::progress::LogFormat::Json), "images")
+            .finish(
+                &Reporter::plain(crate::runtime::progress::LogFormat::Json),
+                "images",
+            )
             .unwrap();
         assert_eq!(f.row(0), Some(&[3.0f32, 4.0][..]));
         assert_eq!(f.row(1), Some(&[3.0f32, 4.0][..]));

@@ -1,6 +1,6 @@
 //! The on-disk feature store: content keys, shards of f16 vectors, and
 //! the writer that adds a shard atomically. See the module documentation of
-//! [`crate::features`] for the layout.
+//! [`crate::towers::features`] for the layout.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -53,7 +53,7 @@ pub(super) struct Store {
 impl Store {
     /// Open (creating it if needed) the store of the tower `tag` under `root`.
     pub(super) fn open(root: &Path, tag: &str) -> Result<Store> {
-        let dir = root.join(&crate::hex::sha256_hex(tag.as_bytes())[..24]);
+        let dir = root.join(&crate::runtime::hex::sha256_hex(tag.as_bytes())[..24]);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create feature cache {}", dir.display()))?;
         let tag_file = dir.join("tower.txt");
