@@ -9,7 +9,7 @@
 //!   sampling, keys, labels and filtered output;
 //! - [`towers`]: the frozen towers: which to use, which are installed, and
 //!   their cached features;
-//! - [`engine`]: rows to trained pipelines and per-pair labels: prepare,
+//! - `engine` (private to the crate): rows to trained pipelines and per-pair labels: prepare,
 //!   fit, the checkpoint-backed engine, streaming, filter joins;
 //! - [`curation`]: which pairs count as clean: threshold rules and cuts, the
 //!   division check, detection and retrieval metrics;
@@ -25,7 +25,7 @@
 pub mod cli;
 pub mod curation;
 pub mod data;
-pub mod engine;
+pub(crate) mod engine;
 pub mod error;
 pub mod report;
 pub mod run;

@@ -314,8 +314,9 @@ fn run_one(a: &FilterArgs, out: &Path, rep: &Reporter) -> Result<()> {
     s.check(out)
 }
 
-/// sha256 of a file's bytes, read a MiB at a time.
-fn file_sha256(path: &Path) -> Result<String> {
+/// sha256 of a labels file's bytes (what a filtered shard was made from),
+/// read a MiB at a time.
+fn labels_file_sha256(path: &Path) -> Result<String> {
     let f = std::fs::File::open(path)
         .map_err(|e| Error::InvalidInput(format!("{}: cannot open it ({e})", path.display())))?;
     Ok(crate::runtime::hex::sha256_hex_of(f)
@@ -373,7 +374,7 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         }
     })?;
     let single_sha = match &single {
-        Some(_) => Some(file_sha256(&a.labels)?),
+        Some(_) => Some(labels_file_sha256(&a.labels)?),
         None => None,
     };
     let summary = crate::run::shards::run(
@@ -389,7 +390,7 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         |s| {
             let sha = match &single_sha {
                 Some(sha) => sha.clone(),
-                None => file_sha256(&labels_of(&s.stem))?,
+                None => labels_file_sha256(&labels_of(&s.stem))?,
             };
             Ok(format!("{rule}; labels sha256 {sha}"))
         },

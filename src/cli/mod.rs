@@ -201,12 +201,6 @@ impl DataArgs {
         crate::data::InputSet::open(&self.data, &self.column_options())
     }
 
-    /// Open and validate the inputs, reading their images within `images`.
-    pub fn open_with(&self, images: &ImageArgs) -> Result<crate::data::InputSet> {
-        self.check_given()?;
-        self.open_options(&self.options_with(images))
-    }
-
     /// Open and validate the inputs with `opts` (these flags' options,
     /// completed by the caller).
     pub fn open_options(&self, opts: &ColumnOptions) -> Result<crate::data::InputSet> {

@@ -15,7 +15,7 @@ mod labels;
 mod npy;
 mod read;
 mod rows;
-pub mod sample;
+pub(crate) mod sample;
 mod webdataset;
 mod window;
 mod write;

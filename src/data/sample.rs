@@ -75,11 +75,6 @@ impl Sample {
         self.rows.len()
     }
 
-    /// Whether no row was drawn.
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
-    }
-
     /// Whether `row` (of file `file`) was drawn.
     pub fn contains(&self, file: usize, row: usize) -> bool {
         let Some(&offset) = self.offsets.get(file) else {

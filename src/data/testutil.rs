@@ -78,20 +78,9 @@ pub(crate) fn hf_images(bytes: &[Option<&[u8]>], paths: &[Option<&str>]) -> Arra
     Arc::new(s)
 }
 
-/// Overwrite the header of the first data page of `column` in row group
-/// `group` with 0xFF bytes, so that page (only) cannot be decoded.
-pub(crate) fn corrupt_page(path: &Path, group: usize, column: &str) {
-    use parquet::file::reader::{FileReader as _, SerializedFileReader};
-    let reader = SerializedFileReader::new(File::open(path).expect("open")).expect("footer");
-    let offset = reader
-        .metadata()
-        .row_group(group)
-        .columns()
-        .iter()
-        .find(|c| c.column_path().string() == column)
-        .expect("column")
-        .data_page_offset() as usize;
-    let mut bytes = std::fs::read(path).expect("read");
-    bytes[offset..offset + 8].fill(0xFF);
-    std::fs::write(path, bytes).expect("write");
-}
+/// The damaged-parquet helpers the integration tests use (one copy for
+/// both: `tests/common/hostile.rs`).
+#[allow(dead_code)]
+#[path = "../../tests/common/hostile.rs"]
+mod hostile;
+pub(crate) use hostile::corrupt_page;

@@ -54,8 +54,8 @@ mod tests {
     use ncclean_models::{ImageInputs, PairInputs, TextInputs};
 
     use super::*;
+    use crate::engine::prepare::RowRecord;
     use crate::engine::test_input;
-    use crate::engine::RowRecord;
 
     fn record(key: &str, row: usize, error: Option<&str>) -> RowRecord {
         RowRecord {

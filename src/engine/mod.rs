@@ -7,7 +7,7 @@
 //!   prepares, embeds and scores data, a large file a block at a time
 //!   ([`Engine::score_file`]);
 //! - [`fit`]: train a method and write the run directory;
-//! - [`keep_mask`]: which input rows `filtered.parquet` keeps.
+//! - [`join_by_position`]: which input rows `filtered.parquet` keeps.
 //!
 //! `fit` prepares inputs, trains, writes a checkpoint, reloads it as an
 //! [`Engine`] and scores its own training pairs with [`Engine::score_rows`],
@@ -28,17 +28,13 @@ mod prepare;
 mod stream;
 mod trained;
 
-pub use fit::{fit, FitOptions, FitSummary};
-pub use join::{FingerprintCheck, Joined, LabelIndex, Positional, NO_LABEL};
-pub use keep::{join_by_position, keep_mask, keep_mask_by};
-pub use labels::config_hash;
+pub use fit::{fit, FitOptions};
+pub use join::{FingerprintCheck, Joined, LabelIndex, NO_LABEL};
+pub use keep::join_by_position;
 #[cfg(feature = "polars")]
 pub use polars_filter::PolarsFilter;
-pub use prepare::{
-    image_identity, prepare_for, scan, Prepared, PreparedRun, Preparer, RowRecord, READ_BATCH_ROWS,
-};
-pub use stream::BlockLabels;
-pub use trained::{Engine, LabelsSummary, Scored};
+pub use prepare::{scan, READ_BATCH_ROWS};
+pub use trained::{Engine, LabelsSummary};
 
 /// An input set of files `data/train.parquet`, `data/part-1.parquet`, … with
 /// `rows[i]` rows each, for tests that need names and row counts only.

@@ -72,8 +72,6 @@ pub struct Engine {
 pub struct Scored {
     /// One label row per input row.
     pub labels: Vec<LabelRow>,
-    /// Parquet metadata for the labels file.
-    pub metadata: BTreeMap<String, String>,
     /// Pairs scored (usable rows).
     pub pairs: usize,
     /// Seconds spent scoring (model passes and mixture).
@@ -357,28 +355,6 @@ impl Engine {
             .context("similarity")?)
     }
 
-    /// Score prepared pairs with this engine's cut, with the labels'
-    /// metadata ([`Engine::score_rows`] is the one scoring path of `fit`
-    /// and `score`).
-    pub fn score(
-        &self,
-        input: &InputSet,
-        prepared: &Prepared,
-        refit: bool,
-        rep: &Reporter,
-    ) -> Result<Scored> {
-        let rows = self.score_rows(input, prepared, refit, rep)?;
-        let metadata = self.metadata(&LabelsSummary {
-            refit,
-            input_fingerprint: input.fingerprint()?,
-            rows: rows.labels.len(),
-            skipped: prepared.skipped(),
-            cut: self.cut_over(&rows.tally),
-            warnings: Vec::new(),
-        })?;
-        Ok(Scored { metadata, ..rows })
-    }
-
     /// Score prepared pairs: the one scoring path of `fit` and `score`.
     /// Without the labels' metadata (which reads every input byte for the
     /// fingerprint): callers that score an input in pieces describe the
@@ -414,7 +390,6 @@ impl Engine {
         );
         Ok(Scored {
             labels,
-            metadata: BTreeMap::new(),
             pairs: prepared.ok.len(),
             seconds,
             estimated_noise_rate: threshold::estimated_noise_rate(&scores.clean_prob),

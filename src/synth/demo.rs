@@ -70,13 +70,15 @@ const SHADE: i32 = 12;
 /// How many caption templates `caption` knows.
 const TEMPLATES: usize = 9;
 
-/// One generated pair and the attributes it was drawn from.
+/// One generated pair and the attributes it was drawn from; the image is
+/// PNG bytes ([`DemoPair`]) or an embedding ([`EmbeddingPair`]).
 #[derive(Debug, Clone)]
-pub struct DemoPair {
+pub struct Pair<I> {
     /// Stable identifier, `demo-000000` upwards, so keys sort in generation order.
     pub key: String,
-    /// The picture, encoded as PNG.
-    pub image: Vec<u8>,
+    /// The picture: PNG bytes, or an embedding (the sum of its attributes'
+    /// prototype vectors plus Gaussian noise).
+    pub image: I,
     /// A lower-case sentence naming all four attributes.
     pub caption: String,
     /// Colour of the shape; one of [`COLOURS`].
@@ -88,6 +90,13 @@ pub struct DemoPair {
     /// Size of the shape; one of [`SIZES`].
     pub size: &'static str,
 }
+
+/// A pair of the image demo: the picture encoded as PNG.
+pub type DemoPair = Pair<Vec<u8>>;
+
+/// A pair of the embedding demo: the image given as an embedding instead
+/// of pixels.
+pub type EmbeddingPair = Pair<Vec<f32>>;
 
 /// Options for the generator.
 #[derive(Debug, Clone)]
@@ -154,27 +163,6 @@ pub fn pairs(opts: &DemoOptions) -> impl Iterator<Item = DemoPair> {
     })
 }
 
-/// One pair of the embedding demo: the attributes of [`DemoPair`], the
-/// image given as an embedding instead of pixels.
-#[derive(Debug, Clone)]
-pub struct EmbeddingPair {
-    /// Stable identifier, `demo-000000` upwards.
-    pub key: String,
-    /// The image embedding: the sum of its attributes' prototype vectors
-    /// plus Gaussian noise.
-    pub embedding: Vec<f32>,
-    /// A lower-case sentence naming all four attributes.
-    pub caption: String,
-    /// Colour of the shape.
-    pub colour: &'static str,
-    /// Kind of shape.
-    pub shape: &'static str,
-    /// Quadrant of the shape.
-    pub position: &'static str,
-    /// Size of the shape.
-    pub size: &'static str,
-}
-
 /// A generator of embedding pairs (scale tests: no pixels to draw or
 /// decode). Pair `i` depends on the seed and `i` only, so any slice of the
 /// dataset can be generated on its own, in any shard layout.
@@ -224,7 +212,7 @@ impl EmbeddingDemo {
         let (colour, shape, position, size) = (COLOURS[c], SHAPES[s], POSITIONS[p], SIZES[z]);
         EmbeddingPair {
             key: format!("demo-{i:06}"),
-            embedding,
+            image: embedding,
             caption: caption(template, colour, shape, position, size),
             colour,
             shape,
@@ -765,12 +753,9 @@ mod tests {
         let g = EmbeddingDemo::new(8, 3);
         let a = g.pair(5);
         let b = EmbeddingDemo::new(8, 3).pair(5);
-        assert_eq!(
-            (a.key.as_str(), &a.embedding),
-            (b.key.as_str(), &b.embedding)
-        );
-        assert_eq!(a.embedding.len(), 8);
-        assert_ne!(g.pair(6).embedding, a.embedding);
+        assert_eq!((a.key.as_str(), &a.image), (b.key.as_str(), &b.image));
+        assert_eq!(a.image.len(), 8);
+        assert_ne!(g.pair(6).image, a.image);
         for word in [a.colour, a.shape, a.size] {
             assert!(a.caption.contains(word), "{} lacks {word}", a.caption);
         }

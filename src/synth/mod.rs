@@ -3,3 +3,4 @@
 
 pub mod corrupt;
 pub mod demo;
+pub mod demo_files;

@@ -297,7 +297,7 @@ impl ImageTower {
                 let path = PathBuf::from(&model);
                 let net = MobileNetV2::load_with_dtype(&path, device, dtype)
                     .map_err(|e| load_err("MobileNetV2 weights", &model, e))?;
-                let tag = format!("mobilenet_v2-{}", file_sha256(&path)?);
+                let tag = format!("mobilenet_v2-{}", weights_sha256_prefix(&path)?);
                 Some(ImageTower::MobileNet(Box::new(net), tag))
             }
             ImageEncoder::Clip => Some(ImageTower::Clip(Box::new(
@@ -444,8 +444,9 @@ fn absolute_if_local(model: String) -> String {
     model
 }
 
-/// sha256 prefix of a file's content, streamed (CLIP's weights are 600 MB).
-fn file_sha256(path: &Path) -> Result<String> {
+/// The first 16 hex digits of the sha256 of a weights file, streamed
+/// (CLIP's weights are 600 MB): what names its features in the cache.
+fn weights_sha256_prefix(path: &Path) -> Result<String> {
     let hash = std::fs::File::open(path)
         .and_then(crate::runtime::hex::sha256_hex_of)
         .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;

@@ -10,7 +10,6 @@ use ncclean_models::preprocess::ImagePreprocess;
 
 use super::side::{Side, SideFeatures};
 use super::store::{key_of, CacheOptions, Key};
-use ncclean_pipelines::Observer;
 
 use crate::data::images::{self, ImageLimits};
 use crate::data::{ImageValue, InputSet, PairRow};
@@ -27,7 +26,6 @@ const TEXT_BATCH: usize = 64;
 /// the feed-forward layers cost per padded token). Features are keyed by
 /// content, so the encoding order changes no row's vector.
 const TEXT_WINDOW: usize = 8 * TEXT_BATCH;
-const READ_ROWS: usize = 256;
 
 /// Features of both sides (either may be absent when that side's tower is
 /// trainable or precomputed).
@@ -46,40 +44,6 @@ fn image_bytes(v: &ImageValue, limits: &ImageLimits) -> std::result::Result<Vec<
             Err("row holds an embedding but the image tower needs an image".into())
         }
     }
-}
-
-/// Extract (or load from the cache) features of every row of `input`; with
-/// `want_local`, also the local features (grid cells / patches, tokens).
-/// Streams `input` once; a caller that reads the rows itself feeds them to
-/// an [`Extraction`] instead.
-pub fn extract(
-    input: &InputSet,
-    image: Option<&ImageTower>,
-    text: Option<&TextTower>,
-    want_local: bool,
-    cache: &CacheOptions,
-    device: &Device,
-    rep: &Reporter,
-) -> Result<Extracted> {
-    let mut ex = Extraction::new(
-        input,
-        input.num_rows(),
-        image,
-        text,
-        want_local,
-        cache,
-        device,
-    )?;
-    let mut obs = rep.observer();
-    obs.start("encoding", input.num_rows() as u64);
-    for batch in input.pairs(READ_ROWS) {
-        let batch = batch?;
-        crate::runtime::interrupt::check()?;
-        ex.push(&batch)?;
-        obs.advance(batch.len() as u64);
-    }
-    obs.finish();
-    ex.finish(rep)
 }
 
 /// The cache key of an image: its content hash, plus the EXIF orientation

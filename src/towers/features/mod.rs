@@ -2,8 +2,9 @@
 //!
 //! `store` holds the on-disk format (content keys, shards, f16 encoding),
 //! `side` the per-tower bookkeeping of one run (which row uses which
-//! vector, what must still be encoded) and [`extract`] the driver that
-//! streams the input through the towers and fills the store.
+//! vector, what must still be encoded) and `extract` the driver
+//! ([`Extraction`]) that the input's rows stream through, batch by batch,
+//! into the towers and the store.
 //!
 //! The cache is content-addressed: one store per tower (weights and
 //! preprocessing), holding a feature vector per distinct image (keyed by a
@@ -30,6 +31,6 @@ mod extract;
 mod side;
 mod store;
 
-pub use extract::{extract, Extracted, Extraction};
-pub use side::{SideFeatures, SideLocal, NONE};
-pub use store::{CacheOptions, Key};
+pub use extract::Extraction;
+pub use side::{SideFeatures, NONE};
+pub use store::CacheOptions;

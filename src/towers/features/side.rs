@@ -27,12 +27,6 @@ pub struct SideFeatures {
     /// Per input row: why it has no vector (None for rows that were
     /// unusable before encoding, which the reader reports itself).
     pub errors: Vec<Option<String>>,
-    /// Vectors found in the cache.
-    pub hits: usize,
-    /// Vectors computed in this run.
-    pub computed: usize,
-    /// Seconds spent in the tower.
-    pub seconds: f64,
     /// Local features per distinct vector, when they were asked for.
     pub local: Option<SideLocal>,
 }
@@ -279,9 +273,6 @@ impl Side {
             vectors,
             index: self.index,
             errors: self.errors,
-            hits,
-            computed,
-            seconds: self.seconds,
             local,
         })
     }
@@ -374,6 +365,6 @@ mod tests {
         assert_eq!(f.row(2), None);
         assert_eq!(f.errors[2].as_deref(), Some("cannot decode image"));
         assert_eq!(f.errors[3].as_deref(), Some("cannot decode image"));
-        assert_eq!((f.computed, f.hits), (1, 0));
+        assert_eq!(f.index[0], f.index[1], "the duplicate shares its vector");
     }
 }
