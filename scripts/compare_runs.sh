@@ -47,13 +47,15 @@ case "$cmd" in
     sums="$out/summaries"
     mkdir -p "$work" "$sums"
     # Drop the fields that measure time (they differ between any two runs)
-    # and those that name the binary or its build (ncclean_build, command).
+    # and those that name the binary or its build (ncclean_build, command),
+    # or digest a file that holds the output folder's path (output_digest:
+    # the labels themselves are compared above).
     untimed() {
       python3 -c 'import json,sys
 v=json.load(open(sys.argv[1]))
 def strip(x):
     if isinstance(x,dict):
-        return {k:strip(w) for k,w in x.items() if k not in ("command","ncclean_build") and not any(t in k for t in ("seconds","per_second","elapsed","_ms","timing","started","finished","created"))}
+        return {k:strip(w) for k,w in x.items() if k not in ("command","ncclean_build","output_digest") and not any(t in k for t in ("seconds","per_second","elapsed","_ms","timing","started","finished","created"))}
     if isinstance(x,list):
         return [strip(w) for w in x]
     return x
@@ -90,6 +92,7 @@ print(json.dumps(strip(v),indent=1,sort_keys=False))' "$1"
         "$bin" eval --labels "$run/labels.parquet" --truth "$data" --json >"$sums/$m.eval.json"
         "$bin" filter "$data" --labels "$run/labels.parquet" --out "$work/$m.filtered.parquet" >"$sums/$m.filter.stdout"
         "$bin" filter "$data" --labels "$run/labels.parquet" --keep-fraction 0.6 --out "$work/$m.filtered-k.parquet" >"$sums/$m.filter-k.stdout"
+        "$bin" filter "$data" --labels "$run/labels.parquet" --out-dir "$work/$m.filtered-dir" >"$sums/$m.filter-dir.stdout"
         "$bin" score "$data" --checkpoint "$run" --out-dir "$work/score-$m" >"$work/$m.score.stdout" 2>>"$work/$m.log"
         untimed "$work/$m.score.stdout" >"$sums/$m.score.json"
         untimed "$work/score-$m/noisy.done.json" >"$sums/$m.score-done.json"
