@@ -67,9 +67,19 @@ pub fn run(a: CorruptArgs, rep: &Reporter) -> Result<()> {
         a.mode.name(),
         s.noisy
     ));
-    println!(
-        "{}",
-        serde_json::json!({ "out": a.out.display().to_string(), "rows": s.rows, "chosen": s.chosen, "noisy": s.noisy })
-    );
-    Ok(())
+    super::print_summary(&CorruptPrinted {
+        out: a.out.display().to_string(),
+        rows: s.rows,
+        chosen: s.chosen,
+        noisy: s.noisy,
+    })
+}
+
+/// What `corrupt` prints on stdout.
+#[derive(serde::Serialize)]
+struct CorruptPrinted {
+    out: String,
+    rows: usize,
+    chosen: usize,
+    noisy: usize,
 }

@@ -139,21 +139,10 @@ fn keeps(rule: Rule, l: &data::LabelRow) -> bool {
 }
 
 fn filter_metadata(labels: &Path, rule: Rule) -> BTreeMap<String, String> {
-    let mut meta = BTreeMap::new();
-    meta.insert(
-        "ncclean.version".to_string(),
-        env!("CARGO_PKG_VERSION").to_string(),
-    );
-    meta.insert(
-        "ncclean.build".to_string(),
-        crate::runtime::build_info::current().json().to_string(),
-    );
-    meta.insert(
-        "ncclean.filter.labels".to_string(),
-        labels.display().to_string(),
-    );
-    meta.insert("ncclean.filter.rule".to_string(), rule.to_string());
-    meta
+    let mut meta = crate::data::Metadata::of_build();
+    meta.put("filter.labels", labels.display().to_string());
+    meta.put("filter.rule", rule.to_string());
+    meta.into_map()
 }
 
 /// Join `index` to `input` by key under `check`, and write the filtered
@@ -307,10 +296,12 @@ fn run_one(a: &FilterArgs, out: &Path, rep: &Reporter) -> Result<()> {
         "kept {} of {} rows ({rule})",
         s.rows_out, s.rows_in
     ));
-    println!(
-        "{}",
-        serde_json::json!({ "out": out.display().to_string(), "rows_in": s.rows_in, "rows_out": s.rows_out, "dropped": s.dropped })
-    );
+    super::print_summary(&FilterPrinted {
+        out: out.display().to_string(),
+        rows_in: s.rows_in,
+        rows_out: s.rows_out,
+        dropped: s.dropped,
+    })?;
     s.check(out)
 }
 
@@ -462,14 +453,15 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         "{} shards: {} filtered now, {} already done; kept {} of {} rows ({rule})",
         summary.shards, summary.done, summary.already_done, c.kept, c.rows
     ));
-    println!(
-        "{}",
-        serde_json::json!({
-            "out_dir": dir.display().to_string(), "shards": summary.shards, "done": summary.done,
-            "already_done": summary.already_done, "rows_in": c.rows, "rows_out": c.kept,
-            "dropped": c.skipped,
-        })
-    );
+    super::print_summary(&FilterShardsPrinted {
+        out_dir: dir.display().to_string(),
+        shards: summary.shards,
+        done: summary.done,
+        already_done: summary.already_done,
+        rows_in: c.rows,
+        rows_out: c.kept,
+        dropped: c.skipped,
+    })?;
     if c.skipped > 0 {
         return Err(Error::Partial(format!(
             "{} rows that the labels keep could not be read back from the input and are missing from the shards in {} (the warnings above say which row groups and columns)",
@@ -478,6 +470,27 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// What `filter --out FILE` prints on stdout.
+#[derive(serde::Serialize)]
+struct FilterPrinted {
+    out: String,
+    rows_in: usize,
+    rows_out: usize,
+    dropped: usize,
+}
+
+/// What `filter --out-dir DIR` prints on stdout.
+#[derive(serde::Serialize)]
+struct FilterShardsPrinted {
+    out_dir: String,
+    shards: usize,
+    done: usize,
+    already_done: usize,
+    rows_in: usize,
+    rows_out: usize,
+    dropped: usize,
 }
 
 /// `--uids-out` with `--out-dir`: the keys of every filtered shard in

@@ -224,7 +224,11 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         resume: a.resume,
         force: a.force,
         data_args: a.data.data.clone(),
-        run_inputs: crate::run::inputs::RunInputs::of(&input, &a.data)?,
+        run_inputs: crate::run::inputs::RunInputs::of(
+            &input,
+            a.data.caption_from.clone(),
+            a.data.key_from.clone(),
+        )?,
         rule,
         sample: a.sample,
     };
@@ -240,18 +244,20 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         s.train_seconds,
         s.score_pairs_per_second
     ));
-    println!(
-        "{}",
-        serde_json::json!({
-            "out_dir": a.out_dir.display().to_string(),
-            "rows": s.rows, "usable": s.pairs, "skipped": s.skipped, "clean": s.clean,
-            "estimated_noise_rate": s.estimated_noise_rate,
-            "min_prob": s.cut.min_prob, "min_similarity": s.cut.min_similarity,
-            "expected_precision": s.cut.expected_precision,
-            "warnings": s.warnings,
-            "train_seconds": s.train_seconds, "score_pairs_per_second": s.score_pairs_per_second,
-        })
-    );
+    super::print_summary(&FitPrinted {
+        out_dir: a.out_dir.display().to_string(),
+        rows: s.rows,
+        usable: s.pairs,
+        skipped: s.skipped,
+        clean: s.clean,
+        estimated_noise_rate: s.estimated_noise_rate,
+        min_prob: s.cut.min_prob,
+        min_similarity: s.cut.min_similarity,
+        expected_precision: s.cut.expected_precision,
+        warnings: &s.warnings,
+        train_seconds: s.train_seconds,
+        score_pairs_per_second: s.score_pairs_per_second,
+    })?;
     a.outcome.check(s.rows, s.skipped)?;
     crate::data::FilterSummary {
         rows_in: s.rows,
@@ -259,6 +265,23 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         dropped: s.filtered_dropped,
     }
     .check(&a.out_dir.join("filtered.parquet"))
+}
+
+/// What `fit` prints on stdout.
+#[derive(serde::Serialize)]
+struct FitPrinted<'a> {
+    out_dir: String,
+    rows: usize,
+    usable: usize,
+    skipped: usize,
+    clean: usize,
+    estimated_noise_rate: f64,
+    min_prob: f64,
+    min_similarity: Option<f64>,
+    expected_precision: f64,
+    warnings: &'a [String],
+    train_seconds: f64,
+    score_pairs_per_second: f64,
 }
 
 /// The size of the first image when it looks like a photo (JPEG or WebP,

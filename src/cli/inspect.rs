@@ -70,11 +70,14 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
             keys.push(r.key);
         }
     }
-    let files: Vec<serde_json::Value> = input
+    let files: Vec<FileRows> = input
         .files
         .iter()
         .enumerate()
-        .map(|(i, f)| serde_json::json!({ "path": input.display_name(i), "rows": f.num_rows }))
+        .map(|(i, f)| FileRows {
+            path: input.display_name(i),
+            rows: f.num_rows,
+        })
         .collect();
     let schema: Vec<String> = input.files[0]
         .schema
@@ -85,24 +88,22 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
     let total = input.num_rows();
     let dups = crate::data::DuplicateKeys::of(keys.iter().map(String::as_str));
     if a.json {
-        let v = serde_json::json!({
-            "files": files,
-            "schema": schema,
-            "columns": input.columns,
-            "format": input.files[0].format,
-            "embedding_dim": input.embedding_dim,
-            "text_embedding_dim": input.text_embedding_dim,
-            "rows": total,
-            "usable": total - unusable,
-            "unusable": unusable,
-            "unusable_reasons": reasons,
-            "images_decoded": !a.no_decode,
-            "duplicate_keys": dups.repeats,
-            "distinct_keys": dups.distinct,
-            "duplicate_key_examples": dups.examples,
+        return super::print_summary(&InspectPrinted {
+            files: &files,
+            schema: &schema,
+            columns: &input.columns,
+            format: &input.files[0].format,
+            embedding_dim: input.embedding_dim,
+            text_embedding_dim: input.text_embedding_dim,
+            rows: total,
+            usable: total - unusable,
+            unusable,
+            unusable_reasons: &reasons,
+            images_decoded: !a.no_decode,
+            duplicate_keys: dups.repeats,
+            distinct_keys: dups.distinct,
+            duplicate_key_examples: &dups.examples,
         });
-        println!("{v}");
-        return Ok(());
     }
     println!("files:");
     for (i, f) in input.files.iter().enumerate() {
@@ -159,4 +160,30 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
         println!("(images were not decoded: run without --no-decode to find undecodable images)");
     }
     Ok(())
+}
+
+/// One input file in `inspect --json`.
+#[derive(serde::Serialize)]
+struct FileRows {
+    path: String,
+    rows: usize,
+}
+
+/// What `inspect --json` prints on stdout.
+#[derive(serde::Serialize)]
+struct InspectPrinted<'a> {
+    files: &'a [FileRows],
+    schema: &'a [String],
+    columns: &'a crate::data::ColumnMap,
+    format: &'a crate::data::FileFormat,
+    embedding_dim: Option<usize>,
+    text_embedding_dim: Option<usize>,
+    rows: usize,
+    usable: usize,
+    unusable: usize,
+    unusable_reasons: &'a BTreeMap<String, usize>,
+    images_decoded: bool,
+    duplicate_keys: usize,
+    distinct_keys: usize,
+    duplicate_key_examples: &'a [String],
 }

@@ -216,6 +216,27 @@ impl DataArgs {
         }
     }
 
+    /// Fill the flags that were not given with what `fit` recorded: the
+    /// files, and for parquet the columns it resolved and the image root,
+    /// for tar shards the caption and key sources (each format refuses the
+    /// other's flags). Returns the number of files.
+    pub fn fill_from(&mut self, recorded: crate::run::inputs::Recorded) -> usize {
+        let (record, columns) = (recorded.inputs, recorded.columns);
+        let tar = record.is_tar();
+        self.data = record.files;
+        if tar {
+            self.caption_from = self.caption_from.take().or(record.caption_from);
+            self.key_from = self.key_from.take().or(record.key_from);
+        } else {
+            self.image_col.get_or_insert(columns.image);
+            self.caption_col.get_or_insert(columns.caption);
+            self.key_col = self.key_col.take().or(columns.key);
+            self.text_emb_col = self.text_emb_col.take().or(columns.text_embedding);
+            self.image_root = self.image_root.take().or(record.image_root);
+        }
+        self.data.len()
+    }
+
     /// DATA is optional to clap (`--files-from` can replace it), so its
     /// absence is said here.
     fn check_given(&self) -> Result<()> {
@@ -468,6 +489,15 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Completions(a) => completions::run(a, &rep),
         Command::Man(a) => man::run(a, &rep),
     }
+}
+
+/// Print a command's summary on stdout: one line of JSON with its keys
+/// sorted (through a `Value`, whose maps sort them), as every summary has
+/// always been printed.
+fn print_summary(summary: &impl serde::Serialize) -> Result<()> {
+    let v = serde_json::to_value(summary).map_err(anyhow::Error::from)?;
+    println!("{v}");
+    Ok(())
 }
 
 /// `ncclean --version [--json]`.

@@ -18,7 +18,7 @@ use clap::Args;
 use crate::data::{self, InputSet, LabelRow, LabelsWriter};
 use crate::engine::{join_by_position, Engine, LabelsSummary};
 use crate::error::{Error, Result};
-use crate::run::inputs::{self, RunInputs};
+use crate::run::inputs;
 use crate::run::shards::{self, Counts};
 use crate::runtime::progress::Reporter;
 use crate::towers::features::CacheOptions;
@@ -86,7 +86,7 @@ pub fn run(mut a: ScoreArgs, rep: &Reporter) -> Result<()> {
     refuse_without_signal(&engine)?;
     let mut recorded = None;
     if a.data.data.is_empty() && a.shards.files_from.is_none() {
-        let files = RunInputs::fill(&mut a.data, &run)?;
+        let files = a.data.fill_from(inputs::recorded(&run)?);
         rep.info(&format!(
             "no DATA given: scoring the training data of {} ({files} file(s), read as fit read them)",
             run.display()
@@ -421,16 +421,20 @@ fn run_one(
         total.skipped,
         cut.summary()
     ));
-    println!(
-        "{}",
-        serde_json::json!({
-            "out": out.display().to_string(), "rows": total.rows, "usable": total.usable,
-            "skipped": total.skipped, "clean": total.kept, "estimated_noise_rate": noise,
-            "min_prob": cut.min_prob, "min_similarity": cut.min_similarity,
-            "expected_precision": cut.expected_precision, "pairs_per_second": pps,
-            "filtered_rows": filtered_rows, "warnings": warnings.all,
-        })
-    );
+    super::print_summary(&ScorePrinted {
+        out: out.display().to_string(),
+        rows: total.rows,
+        usable: total.usable,
+        skipped: total.skipped,
+        clean: total.kept,
+        estimated_noise_rate: noise,
+        min_prob: cut.min_prob,
+        min_similarity: cut.min_similarity,
+        expected_precision: cut.expected_precision,
+        pairs_per_second: pps,
+        filtered_rows,
+        warnings: &warnings.all,
+    })?;
     a.outcome.check(total.rows, total.skipped)?;
     filtered_check
 }
@@ -506,14 +510,51 @@ fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Res
         c.kept,
         100.0 * noise
     ));
-    println!(
-        "{}",
-        serde_json::json!({
-            "out_dir": dir.display().to_string(), "shards": summary.shards, "done": summary.done,
-            "already_done": summary.already_done, "rows": c.rows, "usable": c.usable,
-            "skipped": c.skipped, "clean": c.kept, "estimated_noise_rate": noise,
-            "seconds": summary.seconds, "warnings": warnings.all,
-        })
-    );
+    super::print_summary(&ScoreShardsPrinted {
+        out_dir: dir.display().to_string(),
+        shards: summary.shards,
+        done: summary.done,
+        already_done: summary.already_done,
+        rows: c.rows,
+        usable: c.usable,
+        skipped: c.skipped,
+        clean: c.kept,
+        estimated_noise_rate: noise,
+        seconds: summary.seconds,
+        warnings: &warnings.all,
+    })?;
     a.outcome.check(c.rows, c.skipped)
+}
+
+/// What `score --out FILE` prints on stdout.
+#[derive(serde::Serialize)]
+struct ScorePrinted<'a> {
+    out: String,
+    rows: usize,
+    usable: usize,
+    skipped: usize,
+    clean: usize,
+    estimated_noise_rate: f64,
+    min_prob: f64,
+    min_similarity: Option<f64>,
+    expected_precision: f64,
+    pairs_per_second: f64,
+    filtered_rows: Option<usize>,
+    warnings: &'a [String],
+}
+
+/// What `score --out-dir DIR` prints on stdout.
+#[derive(serde::Serialize)]
+struct ScoreShardsPrinted<'a> {
+    out_dir: String,
+    shards: usize,
+    done: usize,
+    already_done: usize,
+    rows: usize,
+    usable: usize,
+    skipped: usize,
+    clean: usize,
+    estimated_noise_rate: f64,
+    seconds: f64,
+    warnings: &'a [String],
 }

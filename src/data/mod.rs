@@ -12,6 +12,7 @@ pub mod images;
 mod input;
 mod keys;
 mod labels;
+mod metadata;
 mod npy;
 mod read;
 mod rows;
@@ -42,6 +43,7 @@ pub use labels::{
     read_labels, write_labels, LabelRow, LabelsWriter, RowStatus, COLUMNS as LABEL_COLUMNS,
     LABEL_PREFIX,
 };
+pub use metadata::Metadata;
 pub use npy::write_uids_npy;
 pub(crate) use rows::{bytes_at, plain, string_at};
 pub(crate) use webdataset::is_tar;

@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 
 use ncclean_models::rng::Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::data::{InputSet, PairRow};
 use crate::error::Result;
@@ -33,7 +33,7 @@ pub struct Sample {
 }
 
 /// What the run records about its sample (`run.json`, `stats.json`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SampleInfo {
     /// Rows drawn.
     pub rows: usize,

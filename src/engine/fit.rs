@@ -21,6 +21,7 @@ use crate::data::{self, InputSet};
 use crate::error::{invalid, Error, Result};
 use crate::run::checkpoint::{self, CheckpointState};
 use crate::run::dir::{self, RunDir};
+use crate::run::run_json::{self, RunJson};
 use crate::runtime::progress::Reporter;
 use crate::towers::encoders::EncoderSpec;
 use crate::towers::features::CacheOptions;
@@ -401,36 +402,44 @@ pub fn fit(
         filtered_rows: filtered.rows_out,
         filtered_dropped: filtered.dropped,
         threads: crate::runtime::threads::current(),
-        division: crate::report::DivisionRecord::of(&engine.state.pipeline, &scored.statistic),
+        division: crate::report::DivisionRecord::of(
+            engine.state.division(),
+            engine.state.division_statistic(),
+            &scored.statistic,
+        ),
         sample: sample.as_ref().map(Sample::info),
     };
     let stats_json = serde_json::to_vec_pretty(&summary).context("serialising stats")?;
     data::write_atomic(&out.join("stats.json"), &stats_json)?;
-    let run = serde_json::json!({
-        "ncclean_version": env!("CARGO_PKG_VERSION"),
-        "ncclean_build": crate::runtime::build_info::current().json(),
-        "method": opts.method,
-        "seed": opts.seed,
-        "config": cfg,
-        "config_hash": config_hash(cfg),
-        "model": engine.state.model,
-        "encoders": opts.encoders,
-        "columns": input.columns,
-        "image_root": input.image_root,
-        "image_limits": input.image_limits,
-        "inputs": (0..input.files.len()).map(|f| input.display_name(f)).collect::<Vec<_>>(),
-        "input_files": opts.run_inputs,
-        "input_fingerprint": metadata.get("ncclean.input_fingerprint"),
-        "checkpoint_sha256": metadata.get("ncclean.checkpoint_sha256"),
-        "threshold": cut,
-        "sample": summary.sample,
-        "device": format!("{device:?}"),
-        "command": std::env::args().collect::<Vec<_>>(),
-        dir::COMPLETE_KEY: true,
-    });
-    let run_json = serde_json::to_vec_pretty(&run).context("serialising run.json")?;
+    let run = RunJson {
+        ncclean_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+        ncclean_build: Some(crate::runtime::build_info::current().json()),
+        method: Some(opts.method.clone()),
+        seed: Some(opts.seed),
+        config: Some(cfg.clone()),
+        config_hash: Some(config_hash(cfg)),
+        model: Some(engine.state.model.clone()),
+        encoders: Some(opts.encoders.clone()),
+        columns: Some(input.columns.clone()),
+        image_root: input.image_root.clone(),
+        image_limits: Some(input.image_limits),
+        inputs: Some(
+            (0..input.files.len())
+                .map(|f| input.display_name(f))
+                .collect(),
+        ),
+        input_files: Some(opts.run_inputs.clone()),
+        input_fingerprint: metadata.get("ncclean.input_fingerprint").cloned(),
+        checkpoint_sha256: metadata.get("ncclean.checkpoint_sha256").cloned(),
+        threshold: Some(cut),
+        sample: summary.sample.clone(),
+        device: Some(format!("{device:?}")),
+        command: Some(std::env::args().collect()),
+        complete: true,
+    };
+    let run_json = run.to_vec_pretty().context("serialising run.json")?;
     // Written last: its presence says every other output is in place.
-    data::write_atomic(&out.join("run.json"), &run_json)?;
+    data::write_atomic(&out.join(run_json::FILE), &run_json)?;
     crate::runtime::interrupt::check()?;
     run_dir.commit()?;
     // The run is complete: its epoch checkpoint has served.
@@ -465,7 +474,8 @@ fn check_state_size(state: &CheckpointState) -> Result<()> {
 
 /// The final division of a checkpoint, summarised.
 fn division_summary(state: &CheckpointState) -> Result<MixtureSummary> {
-    let division = serde_json::from_value(state.pipeline["division"].clone())
+    let division = state
+        .division()
         .context("reading the final division from the checkpoint state")?;
     Ok(MixtureSummary::of(&division))
 }

@@ -405,22 +405,8 @@ impl Engine {
 
     /// Parquet key–value metadata of a labels file this engine scored.
     pub fn metadata(&self, s: &LabelsSummary) -> Result<BTreeMap<String, String>> {
-        let mut metadata = BTreeMap::new();
-        let put = |m: &mut BTreeMap<String, String>, k: &str, v: String| {
-            m.insert(format!("ncclean.{k}"), v);
-        };
-        put(
-            &mut metadata,
-            "version",
-            env!("CARGO_PKG_VERSION").to_string(),
-        );
-        // The commit, features and target too: labels found later say
-        // exactly which build wrote them.
-        put(
-            &mut metadata,
-            "build",
-            crate::runtime::build_info::current().json().to_string(),
-        );
+        let mut metadata = crate::data::Metadata::of_build();
+        let put = |m: &mut crate::data::Metadata, k: &str, v: String| m.put(k, v);
         put(&mut metadata, "method", self.state.method.clone());
         put(&mut metadata, "preset", self.state.method.clone());
         put(
@@ -456,10 +442,9 @@ impl Engine {
             .to_string(),
         );
         // Methods describe their statistic in their own state.
-        let statistic = ["/method/division_statistic", "/division_statistic"]
-            .iter()
-            .find_map(|p| self.state.pipeline.pointer(p))
-            .and_then(serde_json::Value::as_str)
+        let statistic = self
+            .state
+            .division_statistic()
             .unwrap_or("see the method's documentation")
             .to_string();
         put(&mut metadata, "division_statistic", statistic);
@@ -471,13 +456,9 @@ impl Engine {
                 ncclean_pipelines::scoring::SCORE_BLOCK_PAIRS.max(self.state.config.batch_size)
             ),
         );
-        if let Some(f) = self
-            .state
-            .pipeline
-            .pointer("/division/fallback")
-            .filter(|f| !f.is_null())
-        {
-            put(&mut metadata, "division_fallback", f.to_string());
+        if let Some(f) = self.state.division().and_then(|d| d.fallback) {
+            let f = serde_json::to_string(&f).context("serialising the division's fallback")?;
+            put(&mut metadata, "division_fallback", f);
         }
         put(
             &mut metadata,
@@ -495,7 +476,7 @@ impl Engine {
             let warnings = serde_json::to_string(&s.warnings).context("serialising warnings")?;
             put(&mut metadata, "warnings", warnings);
         }
-        Ok(metadata)
+        Ok(metadata.into_map())
     }
 }
 

@@ -37,13 +37,15 @@ pub struct Overlay {
 }
 
 impl DivisionRecord {
-    /// The record of the division in a pipeline's checkpoint state (its
-    /// `division` entry, and the method's own description of its statistic
-    /// where it gives one) and the raw statistic of the scored pairs;
-    /// `None` when the state holds no division.
-    pub fn of(pipeline_state: &serde_json::Value, scores: &[f32]) -> Option<DivisionRecord> {
-        let division: Division =
-            serde_json::from_value(pipeline_state.get("division")?.clone()).ok()?;
+    /// The record of a run's final division (`None`: the run has none),
+    /// with the method's own description of its statistic where it gives
+    /// one, and the raw statistic of the scored pairs.
+    pub fn of(
+        division: Option<Division>,
+        statistic: Option<&str>,
+        scores: &[f32],
+    ) -> Option<DivisionRecord> {
+        let division = division?;
         let histogram = Histogram::of(
             scores
                 .iter()
@@ -53,12 +55,8 @@ impl DivisionRecord {
             1.0,
             STATISTIC_BINS,
         );
-        let statistic = ["/method/division_statistic", "/division_statistic"]
-            .iter()
-            .find_map(|p| pipeline_state.pointer(p)?.as_str())
-            .map(str::to_string);
         Some(DivisionRecord {
-            statistic,
+            statistic: statistic.map(str::to_string),
             division,
             histogram,
         })
@@ -100,6 +98,18 @@ impl DivisionRecord {
 mod tests {
     use super::*;
 
+    /// The record of a pipeline state, as `fit` reads it
+    /// (`CheckpointState::division` and `division_statistic`).
+    fn record(state: &serde_json::Value, scores: &[f32]) -> Option<DivisionRecord> {
+        let division = state
+            .get("division")
+            .and_then(|d| serde_json::from_value(d.clone()).ok());
+        let statistic = state
+            .pointer("/method/division_statistic")
+            .and_then(serde_json::Value::as_str);
+        DivisionRecord::of(division, statistic, scores)
+    }
+
     fn gmm_state() -> serde_json::Value {
         serde_json::json!({"division": {
             "kind": "gmm", "side": "high_mean",
@@ -116,23 +126,20 @@ mod tests {
         // 9 clamps to 1; NaN is passed over.
         let mut state = gmm_state();
         state["method"] = serde_json::json!({"division_statistic": "loss"});
-        let r = DivisionRecord::of(&state, &[2.0, 3.0, 4.0, 9.0, f32::NAN]).unwrap();
+        let r = record(&state, &[2.0, 3.0, 4.0, 9.0, f32::NAN]).unwrap();
         assert_eq!(r.histogram.total(), 4);
         assert_eq!(r.histogram.counts[0], 1);
         assert_eq!(r.histogram.counts[STATISTIC_BINS / 2], 1);
         assert_eq!(r.histogram.counts[STATISTIC_BINS - 1], 2);
         assert_eq!(r.statistic.as_deref(), Some("loss"));
-        assert!(DivisionRecord::of(&serde_json::json!({}), &[1.0]).is_none());
-        assert_eq!(
-            DivisionRecord::of(&gmm_state(), &[1.0]).unwrap().statistic,
-            None
-        );
+        assert!(record(&serde_json::json!({}), &[1.0]).is_none());
+        assert_eq!(record(&gmm_state(), &[1.0]).unwrap().statistic, None);
     }
 
     #[test]
     fn overlay_scales_the_weighted_densities_to_bar_heights() {
         let scores: Vec<f32> = (0..100).map(|i| 2.0 + 2.0 * i as f32 / 99.0).collect();
-        let r = DivisionRecord::of(&gmm_state(), &scores).unwrap();
+        let r = record(&gmm_state(), &scores).unwrap();
         let o = r.overlay(11).unwrap();
         // x = 0.2 is point 2. Noisy is component 0 (the clean one is 1):
         // 100 pairs × 0.025 bin width × 0.5 × 1/sqrt(2π·0.01) = 4.986779.
@@ -152,7 +159,7 @@ mod tests {
         let mut state = gmm_state();
         state["division"]["mixture"] = serde_json::Value::Null;
         state["division"]["fallback"] = serde_json::json!("constant");
-        let r = DivisionRecord::of(&state, &[1.0, 2.0]).unwrap();
+        let r = record(&state, &[1.0, 2.0]).unwrap();
         assert!(r.overlay(10).is_none());
     }
 }

@@ -17,6 +17,7 @@ use anyhow::Context;
 use candle_core::{Device, Tensor};
 use ncclean_models::vocab::Vocab;
 use ncclean_models::ModelConfig;
+use ncclean_pipelines::division::Division;
 use ncclean_pipelines::{EpochStats, Pipeline, TrainConfig};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -57,6 +58,22 @@ pub struct CheckpointState {
     pub train_pairs: usize,
     /// Pipeline method state.
     pub pipeline: serde_json::Value,
+}
+
+impl CheckpointState {
+    /// The final division the pipeline's state holds; `None` when it holds
+    /// none (a method without one) or one of another shape.
+    pub fn division(&self) -> Option<Division> {
+        serde_json::from_value(self.pipeline.get("division")?.clone()).ok()
+    }
+
+    /// How the method computes its division statistic, in its own words,
+    /// where its state says.
+    pub fn division_statistic(&self) -> Option<&str> {
+        ["/method/division_statistic", "/division_statistic"]
+            .iter()
+            .find_map(|p| self.pipeline.pointer(p)?.as_str())
+    }
 }
 
 /// What an epoch checkpoint must match to be continued, and what the

@@ -36,9 +36,6 @@ use anyhow::Context;
 use crate::error::{invalid, Error, Result};
 use crate::run::temp;
 
-/// The marker key in `run.json` that says a run was committed whole.
-pub const COMPLETE_KEY: &str = "complete";
-
 /// A run directory being written: outputs go to [`staging`](Self::staging)
 /// until [`commit`](Self::commit); dropped uncommitted, the staging
 /// directory is removed and the previous run stays as it was.

@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cli::DataArgs;
 use crate::data::{CaptionFrom, ColumnMap, InputSet, KeyFrom};
 use crate::error::{Error, Result};
-use crate::run::dir::{absolute, json_field, read_json};
+use crate::run::dir::absolute;
+use crate::run::run_json::{self, RunJson};
 
 /// The run directory `fit` writes and `score` and `report` read when no
 /// other is named.
@@ -32,8 +32,13 @@ pub struct RunInputs {
 }
 
 impl RunInputs {
-    /// The record of `input`, opened from the flags `data`.
-    pub fn of(input: &InputSet, data: &DataArgs) -> Result<RunInputs> {
+    /// The record of `input`, read with the tar shards' `caption_from` and
+    /// `key_from` (as given).
+    pub fn of(
+        input: &InputSet,
+        caption_from: Option<CaptionFrom>,
+        key_from: Option<KeyFrom>,
+    ) -> Result<RunInputs> {
         Ok(RunInputs {
             files: input
                 .files
@@ -41,32 +46,26 @@ impl RunInputs {
                 .map(|f| absolute(&f.path))
                 .collect::<Result<_>>()?,
             image_root: input.image_root.as_deref().map(absolute).transpose()?,
-            caption_from: data.caption_from.clone(),
-            key_from: data.key_from.clone(),
+            caption_from,
+            key_from,
         })
     }
 
-    /// Fill the flags `data` that were not given with what `fit` used:
-    /// the files, and for parquet the columns it resolved and the image
-    /// root, for tar shards the caption and key sources (each format
-    /// refuses the other's flags). `run` is the run directory or its
-    /// `checkpoint/`.
-    pub fn fill(data: &mut DataArgs, run: &Path) -> Result<usize> {
-        let (record, columns) = read(run)?;
-        let tar = record.files.iter().any(|f| crate::data::is_tar(f));
-        data.data = record.files;
-        if tar {
-            data.caption_from = data.caption_from.take().or(record.caption_from);
-            data.key_from = data.key_from.take().or(record.key_from);
-        } else {
-            data.image_col.get_or_insert(columns.image);
-            data.caption_col.get_or_insert(columns.caption);
-            data.key_col = data.key_col.take().or(columns.key);
-            data.text_emb_col = data.text_emb_col.take().or(columns.text_embedding);
-            data.image_root = data.image_root.take().or(record.image_root);
-        }
-        Ok(data.data.len())
+    /// Whether the recorded files are webdataset tar shards.
+    pub fn is_tar(&self) -> bool {
+        self.files.iter().any(|f| crate::data::is_tar(f))
     }
+}
+
+/// What `fit` recorded about its training data: where it lives and the
+/// columns it resolved; the command fills the flags it was not given from
+/// it (`score` and `report` without DATA).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    /// The files and how they were read.
+    pub inputs: RunInputs,
+    /// The columns `fit` resolved.
+    pub columns: ColumnMap,
 }
 
 /// The content fingerprint of the training data that run.json records
@@ -74,9 +73,7 @@ impl RunInputs {
 /// `checkpoint/`); `None` for a run that records none.
 pub fn recorded_fingerprint(run: &Path) -> Option<String> {
     let checkpoint = crate::run::checkpoint::locate(run).ok()?;
-    let path = checkpoint.parent()?.join("run.json");
-    let run = read_json(&path).ok()?;
-    json_field::<String>(&run, "input_fingerprint")
+    RunJson::of_dir(checkpoint.parent()?)?.input_fingerprint
 }
 
 /// Whether the training files run.json names for the run at `run` changed
@@ -85,7 +82,7 @@ pub fn recorded_fingerprint(run: &Path) -> Option<String> {
 /// records no fingerprint or no files.
 pub fn recorded_inputs_changed(run: &Path) -> Option<bool> {
     let want = recorded_fingerprint(run)?;
-    let (record, _) = read(run).ok()?;
+    let record = recorded(run).ok()?.inputs;
     Some(
         crate::data::fingerprint_files(record.files.iter().map(PathBuf::as_path))
             .map_or(true, |got| got != want),
@@ -95,12 +92,12 @@ pub fn recorded_inputs_changed(run: &Path) -> Option<bool> {
 /// The recorded inputs and resolved columns of the run at `run` (a run
 /// directory or its `checkpoint/`, as [`crate::run::checkpoint::locate`] takes it:
 /// run.json sits beside the checkpoint).
-fn read(run: &Path) -> Result<(RunInputs, ColumnMap)> {
+pub fn recorded(run: &Path) -> Result<Recorded> {
     let checkpoint = crate::run::checkpoint::locate(run)?;
     let path = checkpoint
         .parent()
         .unwrap_or(Path::new("."))
-        .join("run.json");
+        .join(run_json::FILE);
     if !path.is_file() {
         return Err(Error::Usage(format!(
             "no DATA given, and {} has no run.json to take the training data from: \
@@ -108,12 +105,11 @@ fn read(run: &Path) -> Result<(RunInputs, ColumnMap)> {
             run.display()
         )));
     }
-    let run = read_json(&path)?;
-    match (
-        json_field::<RunInputs>(&run, "input_files"),
-        json_field::<ColumnMap>(&run, "columns"),
-    ) {
-        (Some(r), Some(c)) if !r.files.is_empty() => Ok((r, c)),
+    let run = RunJson::read(&path)?;
+    match (run.input_files, run.columns) {
+        (Some(inputs), Some(columns)) if !inputs.files.is_empty() => {
+            Ok(Recorded { inputs, columns })
+        }
         _ => Err(Error::Usage(format!(
             "no DATA given, and {} does not record where its training data lives \
              (a run from an older ncclean): name the files to score (DATA)",
@@ -144,8 +140,7 @@ pub fn run_dir_or_default(given: Option<&Path>, how: &str) -> Result<PathBuf> {
 /// What the complete run in `dir` was fitted on ("a.parquet", "a.parquet
 /// and 3 more files"), when `dir` holds one.
 pub fn earlier_run(dir: &Path) -> Option<String> {
-    let run = read_json(&dir.join("run.json")).ok()?;
-    let inputs: Vec<String> = json_field(&run, "inputs")?;
+    let inputs = RunJson::of_dir(dir)?.inputs?;
     let first = inputs.first()?;
     Some(match inputs.len() {
         1 => first.clone(),

@@ -6,6 +6,7 @@
 pub mod checkpoint;
 pub mod dir;
 pub(crate) mod inputs;
+pub(crate) mod run_json;
 pub(crate) mod shards;
 pub mod small_file;
 pub mod temp;

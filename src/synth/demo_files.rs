@@ -12,7 +12,7 @@ use arrow_array::{ArrayRef, BinaryArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 
 use super::demo::{DemoOptions, EmbeddingDemo, Pair};
-use crate::data::AtomicParquetWriter;
+use crate::data::{AtomicParquetWriter, Metadata};
 use crate::error::Result;
 use crate::runtime::progress::Reporter;
 
@@ -128,14 +128,10 @@ impl DemoFiles {
 
     /// Footer metadata every demo file carries.
     fn metadata(&self) -> BTreeMap<String, String> {
-        BTreeMap::from([
-            (
-                "ncclean.version".to_string(),
-                env!("CARGO_PKG_VERSION").to_string(),
-            ),
-            ("ncclean.demo.seed".to_string(), self.seed.to_string()),
-            ("ncclean.demo.pairs".to_string(), self.pairs.to_string()),
-        ])
+        let mut m = Metadata::versioned();
+        m.put("demo.seed", self.seed.to_string());
+        m.put("demo.pairs", self.pairs.to_string());
+        m.into_map()
     }
 }
 

@@ -13,7 +13,7 @@
 //! that a method is then trained on, and a global permutation needs random
 //! access to every row anyway.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -290,35 +290,28 @@ pub fn corrupt(input: &InputSet, noise: &Noise, out: &Path) -> Result<CorruptSum
         .filter(|(i, s)| i != *s)
         .map(|(i, &s)| [i, s])
         .collect();
-    let metadata = BTreeMap::from([
-        ("ncclean.corrupt.rate".to_string(), rate.to_string()),
-        ("ncclean.corrupt.seed".to_string(), seed.to_string()),
-        (
-            "ncclean.corrupt.mode".to_string(),
-            noise.mode.name().to_string(),
-        ),
-        (
-            "ncclean.corrupt.hard_fraction".to_string(),
-            match noise.mode {
-                NoiseMode::Random => 0.0,
-                NoiseMode::Hard => 1.0,
-                NoiseMode::Mixed => noise.hard_fraction,
-            }
-            .to_string(),
-        ),
-        (
-            "ncclean.corrupt.permutation".to_string(),
-            serde_json::to_string(&changed).context("encoding the permutation")?,
-        ),
-        (
-            "ncclean.corrupt.image_columns".to_string(),
-            serde_json::to_string(&moved).context("encoding the image columns")?,
-        ),
-        (
-            "ncclean.version".to_string(),
-            env!("CARGO_PKG_VERSION").to_string(),
-        ),
-    ]);
+    let mut metadata = crate::data::Metadata::versioned();
+    metadata.put("corrupt.rate", rate.to_string());
+    metadata.put("corrupt.seed", seed.to_string());
+    metadata.put("corrupt.mode", noise.mode.name());
+    metadata.put(
+        "corrupt.hard_fraction",
+        match noise.mode {
+            NoiseMode::Random => 0.0,
+            NoiseMode::Hard => 1.0,
+            NoiseMode::Mixed => noise.hard_fraction,
+        }
+        .to_string(),
+    );
+    metadata.put(
+        "corrupt.permutation",
+        serde_json::to_string(&changed).context("encoding the permutation")?,
+    );
+    metadata.put(
+        "corrupt.image_columns",
+        serde_json::to_string(&moved).context("encoding the image columns")?,
+    );
+    let metadata = metadata.into_map();
 
     let mut writer = AtomicParquetWriter::create(out, out_schema, &metadata)?;
     let mut start = 0;
@@ -412,6 +405,7 @@ fn read_all(input: &InputSet) -> Result<RecordBatch> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
     use std::fs::File;
 
     use arrow_array::cast::AsArray;
