@@ -13,13 +13,14 @@
 //!   fit, the checkpoint-backed engine, streaming, filter joins;
 //! - [`curation`]: which pairs count as clean: threshold rules and cuts, the
 //!   division check, detection and retrieval metrics;
-//! - [`run`]: the run directory: its commit protocol, recorded inputs,
-//!   checkpoints, shard markers, temporaries, small files;
+//! - [`run`]: the run directory: its commit protocol, run.json and the
+//!   recorded inputs, checkpoints, shard markers;
 //! - [`report`]: the HTML report of a run;
 //! - [`synth`]: synthetic data: the demo dataset and noise injection with
 //!   ground truth;
 //! - [`runtime`]: the process around the work: device, threads, progress,
-//!   interrupts, build info, CUDA libraries, the GPU check;
+//!   interrupts, build info, CUDA libraries, the GPU check, and leaf helpers
+//!   (temporaries for atomic outputs, small-file reads, hex digests);
 //! - [`error`]: errors and the exit codes they map to.
 
 pub mod cli;

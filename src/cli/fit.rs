@@ -137,9 +137,9 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     let rule = a.threshold.rule()?;
     let chosen = crate::runtime::device::choose(&a.device)?;
     let user = match &a.config {
-        Some(p) => Some(crate::run::small_file::read_text(
+        Some(p) => Some(crate::runtime::small_file::read_text(
             p,
-            crate::run::small_file::CONFIG_LIMIT,
+            crate::runtime::small_file::CONFIG_LIMIT,
             "config file",
         )?),
         None => None,

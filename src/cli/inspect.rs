@@ -54,7 +54,7 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
         }
     };
     if a.no_decode {
-        for batch in input.pairs(crate::engine::READ_BATCH_ROWS) {
+        for batch in input.pairs(crate::data::READ_BATCH_ROWS) {
             for r in batch? {
                 if let Some(p) = &r.problem {
                     note(&r.key, p);

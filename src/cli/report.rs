@@ -39,7 +39,7 @@ pub fn run(a: ReportArgs, rep: &Reporter) -> Result<()> {
     }
     let run = crate::run::inputs::run_dir_or_default(a.run.as_deref(), "`ncclean report DIR`")?;
     let out = a.out.clone().unwrap_or_else(|| run.join("report.html"));
-    crate::run::temp::check_replaceable(&out, "--out")?;
+    crate::runtime::temp::check_replaceable(&out, "--out")?;
     // The pictures are read back from the files fit was given, by row.
     if crate::run::inputs::recorded_inputs_changed(&run) == Some(true) {
         crate::runtime::progress::warn_once(&format!(

@@ -126,8 +126,11 @@ fn refuse_without_signal(engine: &Engine) -> Result<()> {
     if !stats.is_file() {
         return Ok(());
     }
-    let bytes =
-        crate::run::small_file::read(&stats, crate::run::small_file::RUN_FILE_LIMIT, "run file")?;
+    let bytes = crate::runtime::small_file::read(
+        &stats,
+        crate::runtime::small_file::RUN_FILE_LIMIT,
+        "run file",
+    )?;
     let recorded = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
         .and_then(|v| {
@@ -309,7 +312,7 @@ fn run_one(
     let cache = a.cache.options()?;
     // Both outputs are finished under temporary names, then renamed in
     // together: an interrupt never leaves new labels beside an old filter.
-    let labels_out = crate::run::temp::Pending::new(out)?;
+    let labels_out = crate::runtime::temp::Pending::new(out)?;
     let mut writer = LabelsWriter::create_in(labels_out.tmp_path())?;
     let mut total = Counts::default();
     let mut tally = crate::curation::threshold::Tally::default();
@@ -389,7 +392,7 @@ fn run_one(
     let mut filtered_out = None;
     let mut filtered_check = Ok(());
     if let Some(f) = &a.filtered {
-        let pending = crate::run::temp::Pending::new(f)?;
+        let pending = crate::runtime::temp::Pending::new(f)?;
         let format = data::OutputFormat::choose(&input, f, None);
         let ann = data::Annotations {
             labels: &kept.labels,

@@ -4,6 +4,8 @@
 //! cross-modal retrieval metrics.
 
 pub mod division_check;
+pub mod division_record;
+pub mod histogram;
 pub(crate) mod metrics;
 pub(crate) mod retrieval;
 pub mod threshold;

@@ -27,12 +27,8 @@
 //! applies that cut, or resolves a new rule on the sketch, never per shard.
 
 use std::fmt;
-use std::path::Path;
 
-use anyhow::Context;
 use serde::{Deserialize, Serialize};
-
-use crate::error::{invalid, Result};
 
 /// The user's rule for the clean set.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -587,53 +583,8 @@ impl Record {
         rule.resolve(&self.sketch.ranked())
     }
 
-    /// Write into the checkpoint directory `dir` (atomically).
-    pub fn save(&self, dir: &Path) -> Result<()> {
-        let json = serde_json::to_vec_pretty(self).context("serialising the threshold record")?;
-        crate::data::write_atomic(&dir.join(RECORD_FILE), &json)?;
-        // The manifest covers the record too: an edited cut is refused.
-        crate::run::checkpoint::write_manifest(dir)
-    }
-
-    /// The record in the checkpoint directory `dir`; `None` for a
-    /// checkpoint written before records existed.
-    pub fn load(dir: &Path) -> Result<Option<Record>> {
-        let p = dir.join(RECORD_FILE);
-        if !p.is_file() {
-            return Ok(None);
-        }
-        let bytes = crate::run::small_file::read(
-            &p,
-            crate::run::small_file::RUN_FILE_LIMIT,
-            "threshold record",
-        )?;
-        let r: Record = serde_json::from_slice(&bytes).map_err(|e| {
-            invalid(format!(
-                "{}: not a valid ncclean threshold record ({e}); run `ncclean fit` again",
-                p.display()
-            ))
-        })?;
-        r.cut
-            .rule
-            .validate()
-            .map_err(|e| invalid(format!("{}: {e}; run `ncclean fit` again", p.display())))?;
-        // A cut outside [0, 1] keeps every pair or none whatever the model
-        // says (KEEP_NONE is the one deliberate value above 1).
-        let m = r.cut.min_prob;
-        if !(m.is_finite() && ((0.0..=1.0).contains(&m) || m == KEEP_NONE)) {
-            return Err(invalid(format!(
-                "{}: min_prob {m} is not a cut (clean_prob lies in [0, 1]); run `ncclean fit` again",
-                p.display()
-            )));
-        }
-        if let Some(s) = r.cut.min_similarity.filter(|s| !s.is_finite()) {
-            return Err(invalid(format!(
-                "{}: min_similarity {s} is not a number a similarity can reach; run `ncclean fit` again",
-                p.display()
-            )));
-        }
-        Ok(Some(r))
-    }
+    // `save` and `load` live with the checkpoint the record belongs to
+    // (crate::run::checkpoint).
 }
 
 /// The mixture's estimate of the noisy share: the mean of `1 - clean_prob`

@@ -54,6 +54,9 @@ pub use webdataset::{
 pub use window::RowWindows;
 pub use write::{write_atomic, AtomicParquetWriter};
 
+/// Rows read per batch from the input: bounds the memory of raw image bytes.
+pub const READ_BATCH_ROWS: usize = 256;
+
 /// Column-layout presets for common dataset formats.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,

@@ -142,7 +142,7 @@ fn below(rng: &mut Rng, n: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::test_input;
+    use crate::data::testutil::test_input;
 
     #[test]
     fn a_sample_is_distinct_sorted_seeded_and_spans_the_files() {

@@ -84,3 +84,38 @@ pub(crate) fn hf_images(bytes: &[Option<&[u8]>], paths: &[Option<&str>]) -> Arra
 #[path = "../../tests/common/hostile.rs"]
 mod hostile;
 pub(crate) use hostile::corrupt_page;
+
+/// An input set of files `data/train.parquet`, `data/part-1.parquet`, … with
+/// `rows[i]` rows each, for tests that need names and row counts only.
+pub(crate) fn test_input(rows: &[usize]) -> crate::data::InputSet {
+    use crate::data::{ColumnMap, ImageKind, InputFile};
+    let files = rows
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| InputFile {
+            path: if i == 0 {
+                "data/train.parquet".into()
+            } else {
+                format!("data/part-{i}.parquet").into()
+            },
+            num_rows: n,
+            schema: std::sync::Arc::new(arrow_schema::Schema::empty()),
+            format: crate::data::FileFormat::Parquet,
+        })
+        .collect();
+    crate::data::InputSet {
+        files,
+        columns: ColumnMap {
+            image: "image".into(),
+            image_kind: ImageKind::Bytes,
+            caption: "caption".into(),
+            key: None,
+            text_embedding: None,
+        },
+        image_root: None,
+        image_limits: Default::default(),
+        embedding_dim: None,
+        text_embedding_dim: None,
+        fingerprint: Default::default(),
+    }
+}

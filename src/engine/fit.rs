@@ -12,12 +12,12 @@ use serde::Serialize;
 
 use super::keep::join_by_position;
 use super::labels::config_hash;
-use super::prepare::{Preparer, READ_BATCH_ROWS};
+use super::prepare::Preparer;
 use super::trained::Engine;
 use crate::curation::division_check::{MixtureSummary, SignalCheck};
 use crate::curation::threshold::{Cut, Ranked, Record, Rule};
 use crate::data::sample::{Sample, SampleInfo};
-use crate::data::{self, InputSet};
+use crate::data::{self, InputSet, READ_BATCH_ROWS};
 use crate::error::{invalid, Error, Result};
 use crate::run::checkpoint::{self, CheckpointState};
 use crate::run::dir::{self, RunDir};
@@ -108,7 +108,7 @@ pub struct FitSummary {
     /// fitted on, for `ncclean report`; absent when the checkpoint holds no
     /// division.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub division: Option<crate::report::DivisionRecord>,
+    pub division: Option<crate::curation::division_record::DivisionRecord>,
     /// The rows trained on when `--sample` drew some (labels.parquet and
     /// filtered.parquet cover those rows only).
     pub sample: Option<SampleInfo>,
@@ -402,7 +402,7 @@ pub fn fit(
         filtered_rows: filtered.rows_out,
         filtered_dropped: filtered.dropped,
         threads: crate::runtime::threads::current(),
-        division: crate::report::DivisionRecord::of(
+        division: crate::curation::division_record::DivisionRecord::of(
             engine.state.division(),
             engine.state.division_statistic(),
             &scored.statistic,
@@ -452,13 +452,13 @@ pub fn fit(
 
 /// Refuse, before any epoch, a checkpoint state that would be too large to
 /// be read back (`score`, and `fit` itself after training, read state.json
-/// bounded by [`crate::run::small_file::RUN_FILE_LIMIT`]): half of it, as
+/// bounded by [`crate::runtime::small_file::RUN_FILE_LIMIT`]): half of it, as
 /// training adds the division and its statistics.
 fn check_state_size(state: &CheckpointState) -> Result<()> {
     let bytes = serde_json::to_vec(state)
         .context("serialising checkpoint state")?
         .len() as u64;
-    let limit = crate::run::small_file::RUN_FILE_LIMIT / 2;
+    let limit = crate::runtime::small_file::RUN_FILE_LIMIT / 2;
     if bytes > limit {
         let vocab = state.vocab.as_ref().map_or(0, |v| v.words.len());
         return Err(invalid(format!(

@@ -88,8 +88,8 @@ pub fn join_by_position(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::testutil::test_input;
     use crate::data::RowStatus;
-    use crate::engine::test_input;
 
     /// `keep[file][row]` = `pred(label)`, every row labelled.
     fn keep_mask_by(

@@ -54,8 +54,8 @@ mod tests {
     use ncclean_models::{ImageInputs, PairInputs, TextInputs};
 
     use super::*;
+    use crate::data::testutil::test_input;
     use crate::engine::prepare::RowRecord;
-    use crate::engine::test_input;
 
     fn record(key: &str, row: usize, error: Option<&str>) -> RowRecord {
         RowRecord {

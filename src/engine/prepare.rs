@@ -17,6 +17,7 @@ use ncclean_pipelines::{Observer, TrainConfig};
 use candle_core::Device;
 
 use crate::data::images::{self, ImageLimits};
+use crate::data::READ_BATCH_ROWS;
 use crate::data::{ImageKind, ImageValue, InputSet, PairRow};
 use crate::error::{invalid, Error, Result};
 use crate::runtime::parallel::parallel_map;
@@ -24,8 +25,6 @@ use crate::runtime::progress::Reporter;
 use crate::towers::encoders::{EncoderSpec, ImageEncoder, ImageTower, TextEncoder, TextTower};
 use crate::towers::features::{self, CacheOptions, Extraction, SideFeatures};
 
-/// Rows read per batch from parquet: bounds the memory of raw image bytes.
-pub const READ_BATCH_ROWS: usize = 256;
 /// Vocabulary limits of the demo text tower.
 const VOCAB_MIN_COUNT: usize = 1;
 const VOCAB_MAX_SIZE: usize = 30_000;

@@ -21,8 +21,9 @@ use ncclean_pipelines::scoring::{ScoreBlock, ScoreBlocks, SCORE_BLOCK_PAIRS};
 use ncclean_pipelines::PairScores;
 
 use super::labels::label_rows;
-use super::prepare::{Prepared, Preparer, READ_BATCH_ROWS};
+use super::prepare::{Prepared, Preparer};
 use super::trained::Engine;
+use crate::data::READ_BATCH_ROWS;
 use crate::data::{InputSet, LabelRow, RowWindows};
 use crate::error::{invalid, Result};
 use crate::runtime::progress::Reporter;

@@ -11,10 +11,9 @@
 //! [`html::render`] writes it out. The charts come from `plots`
 //! (plotters' SVG backend), the pictures from `thumbs`, read back from
 //! the run's inputs. What `fit` records for the mixture chart is
-//! [`DivisionRecord`].
+//! [`DivisionRecord`](crate::curation::division_record::DivisionRecord).
 
 mod fitted;
-mod histogram;
 mod html;
 mod plots;
 mod run;
@@ -25,8 +24,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-pub use fitted::{DivisionRecord, Overlay, STATISTIC_BINS};
-pub use histogram::Histogram;
+use crate::curation::histogram::Histogram;
+
+pub use fitted::Overlay;
 pub use html::{escape, render, Chart, Example, Group, Page};
 pub use plots::{BAR, CLEAN, NOISY};
 pub use run::{load, RunRecord};

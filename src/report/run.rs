@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use ncclean_pipelines::EpochStats;
 
-use super::fitted::DivisionRecord;
 use super::thumbs::Source;
+use crate::curation::division_record::DivisionRecord;
 use crate::data::LabelRow;
 use crate::error::{invalid, Result};
 use crate::run::dir::{self, json_field};

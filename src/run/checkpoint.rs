@@ -22,11 +22,12 @@ use ncclean_pipelines::{EpochStats, Pipeline, TrainConfig};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::curation::threshold::{Record, KEEP_NONE, RECORD_FILE};
 use crate::data::ColumnMap;
 use crate::error::{invalid, pipeline_at, Result};
-use crate::run::small_file;
-use crate::run::temp;
 use crate::runtime::hex::{hex, FileDigest};
+use crate::runtime::small_file;
+use crate::runtime::temp;
 
 /// Version of the checkpoint layout; bumped on incompatible changes.
 /// 2: the method state is the runner's (`division`, `net_seeds`,
@@ -413,4 +414,52 @@ pub fn sha256(dir: &Path) -> Result<String> {
             .with_context(|| format!("cannot read {}", p.display()))?;
     }
     Ok(hex(&h.finalize()))
+}
+
+/// The threshold record's file in a checkpoint directory, covered by the
+/// manifest like every other checkpoint file.
+impl Record {
+    /// Write into the checkpoint directory `dir` (atomically).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let json = serde_json::to_vec_pretty(self).context("serialising the threshold record")?;
+        crate::data::write_atomic(&dir.join(RECORD_FILE), &json)?;
+        // The manifest covers the record too: an edited cut is refused.
+        write_manifest(dir)
+    }
+
+    /// The record in the checkpoint directory `dir`; `None` for a
+    /// checkpoint written before records existed.
+    pub fn load(dir: &Path) -> Result<Option<Record>> {
+        let p = dir.join(RECORD_FILE);
+        if !p.is_file() {
+            return Ok(None);
+        }
+        let bytes = small_file::read(&p, small_file::RUN_FILE_LIMIT, "threshold record")?;
+        let r: Record = serde_json::from_slice(&bytes).map_err(|e| {
+            invalid(format!(
+                "{}: not a valid ncclean threshold record ({e}); run `ncclean fit` again",
+                p.display()
+            ))
+        })?;
+        r.cut
+            .rule
+            .validate()
+            .map_err(|e| invalid(format!("{}: {e}; run `ncclean fit` again", p.display())))?;
+        // A cut outside [0, 1] keeps every pair or none whatever the model
+        // says (KEEP_NONE is the one deliberate value above 1).
+        let m = r.cut.min_prob;
+        if !(m.is_finite() && ((0.0..=1.0).contains(&m) || m == KEEP_NONE)) {
+            return Err(invalid(format!(
+                "{}: min_prob {m} is not a cut (clean_prob lies in [0, 1]); run `ncclean fit` again",
+                p.display()
+            )));
+        }
+        if let Some(s) = r.cut.min_similarity.filter(|s| !s.is_finite()) {
+            return Err(invalid(format!(
+                "{}: min_similarity {s} is not a number a similarity can reach; run `ncclean fit` again",
+                p.display()
+            )));
+        }
+        Ok(Some(r))
+    }
 }

@@ -18,7 +18,7 @@
 //!    `run.json`, last, carries `"complete": true`.
 //! 4. **Commit.** The staging directory and `P/NAME` trade places in one
 //!    `renameat2(RENAME_EXCHANGE)` (Linux), or, where that is refused, the old
-//!    run is renamed aside first (see [`crate::run::temp::replace_dir`]); then the
+//!    run is renamed aside first (see [`crate::runtime::temp::replace_dir`]); then the
 //!    old run is removed.
 //!
 //! So at every instant `P/NAME` is the complete previous run or the complete
@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use crate::error::{invalid, Error, Result};
-use crate::run::temp;
+use crate::runtime::temp;
 
 /// A run directory being written: outputs go to [`staging`](Self::staging)
 /// until [`commit`](Self::commit); dropped uncommitted, the staging
@@ -126,9 +126,9 @@ pub fn resume_dir(out: &Path) -> PathBuf {
 
 /// Refuse (exit 2) an output file that is one of the input files: it would
 /// be replaced while it is still being read. Checked before any work, with
-/// what [`crate::run::temp::check_replaceable`] refuses (a directory, a device).
+/// what [`crate::runtime::temp::check_replaceable`] refuses (a directory, a device).
 pub fn check_not_an_input(out: &Path, files: &[PathBuf], flag: &str) -> Result<()> {
-    crate::run::temp::check_replaceable(out, flag)?;
+    crate::runtime::temp::check_replaceable(out, flag)?;
     let out_real = real(&absolute(out)?);
     for f in files {
         if real(&absolute(f)?) == out_real {
@@ -178,9 +178,9 @@ pub fn check_not_in_input_dir(out: &Path, args: &[PathBuf], flag: &str) -> Resul
 
 /// Whether `dir` holds an ncclean run (its `run.json` names a version).
 pub fn is_run(dir: &Path) -> bool {
-    crate::run::small_file::read(
+    crate::runtime::small_file::read(
         &dir.join("run.json"),
-        crate::run::small_file::RUN_FILE_LIMIT,
+        crate::runtime::small_file::RUN_FILE_LIMIT,
         "run record",
     )
     .ok()
@@ -302,11 +302,14 @@ fn check_existing(out: &Path, force: bool) -> Result<()> {
     }
 }
 
-/// Parse a run file's JSON, of at most [`crate::run::small_file::RUN_FILE_LIMIT`]:
+/// Parse a run file's JSON, of at most [`crate::runtime::small_file::RUN_FILE_LIMIT`]:
 /// how `report` and `score` (without DATA) read run.json and stats.json.
 pub fn read_json(path: &Path) -> Result<serde_json::Value> {
-    let bytes =
-        crate::run::small_file::read(path, crate::run::small_file::RUN_FILE_LIMIT, "run file")?;
+    let bytes = crate::runtime::small_file::read(
+        path,
+        crate::runtime::small_file::RUN_FILE_LIMIT,
+        "run file",
+    )?;
     serde_json::from_slice(&bytes).map_err(|e| {
         invalid(format!(
             "{}: not valid JSON ({e}); was the run written by ncclean?",

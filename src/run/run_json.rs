@@ -93,7 +93,7 @@ pub struct RunJson {
 }
 
 impl RunJson {
-    /// Read `path` (at most [`crate::run::small_file::RUN_FILE_LIMIT`]
+    /// Read `path` (at most [`crate::runtime::small_file::RUN_FILE_LIMIT`]
     /// bytes); errors only when it cannot be read or is not JSON.
     pub fn read(path: &Path) -> Result<RunJson> {
         let value = crate::run::dir::read_json(path)?;

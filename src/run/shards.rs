@@ -394,8 +394,8 @@ pub fn run(
         let path = output_path_as(out_dir, &shard.stem, ext);
         let marker = marker_path(out_dir, &shard.stem);
         // Temporaries of killed workers are removed; a live one's are left.
-        crate::run::temp::sweep(&path)?;
-        crate::run::temp::sweep(&marker)?;
+        crate::runtime::temp::sweep(&path)?;
+        crate::runtime::temp::sweep(&marker)?;
         let input = match open(&shard.path) {
             Ok(input) => input,
             // An empty shard has nothing to write; the others go on.

@@ -470,7 +470,7 @@ mod tests {
 
     #[test]
     fn a_text_embedding_column_goes_with_the_precomputed_text_encoder_only() {
-        let mut input = crate::engine::test_input(&[4]);
+        let mut input = crate::data::testutil::test_input(&[4]);
         let resolve = |input: &InputSet, text| {
             EncoderSpec::resolve(input, None, text, None, None).map(|s| s.text)
         };
@@ -495,7 +495,7 @@ mod tests {
 
     #[test]
     fn local_model_paths_are_recorded_absolute_and_hub_ids_as_given() {
-        let input = crate::engine::test_input(&[4]);
+        let input = crate::data::testutil::test_input(&[4]);
         // Tests run in the package root, where Cargo.toml is a relative path
         // that exists (resolve only records the path; nothing is loaded).
         let spec = EncoderSpec::resolve(

@@ -72,11 +72,11 @@ pub fn write_filtered_tar(
 
 /// A pending output for `out` (its directory created) and a writer of its
 /// temporary.
-fn create(out: &Path) -> Result<(crate::run::temp::Pending, BufWriter<File>)> {
+fn create(out: &Path) -> Result<(crate::runtime::temp::Pending, BufWriter<File>)> {
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let pending = crate::run::temp::Pending::new(out)?;
+    let pending = crate::runtime::temp::Pending::new(out)?;
     let file = File::create(pending.tmp_path())
         .with_context(|| format!("creating {}", pending.tmp_path().display()))?;
     Ok((pending, BufWriter::with_capacity(1 << 20, file)))
