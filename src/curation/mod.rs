@@ -5,6 +5,7 @@
 
 pub mod division_check;
 pub mod division_record;
+pub(crate) mod eval;
 pub mod histogram;
 pub(crate) mod metrics;
 pub(crate) mod retrieval;

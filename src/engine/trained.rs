@@ -237,6 +237,29 @@ impl Engine {
         Ok(())
     }
 
+    /// Cross-modal retrieval over the usable pairs of `prepared`: one image
+    /// per distinct image identity, every usable pair a caption of its
+    /// image (`eval --retrieval`).
+    pub fn retrieval(&self, prepared: &Prepared) -> Result<crate::curation::retrieval::Retrieval> {
+        let mut first: std::collections::HashMap<u64, usize> = Default::default();
+        let mut images = Vec::new();
+        let mut owner = Vec::with_capacity(prepared.ok.len());
+        for (k, id) in prepared.image_ids.iter().enumerate() {
+            let idx = *first.entry(*id).or_insert_with(|| {
+                images.push(k);
+                images.len() - 1
+            });
+            owner.push(idx);
+        }
+        let captions: Vec<usize> = (0..prepared.ok.len()).collect();
+        let sim = self.similarity_matrix(prepared, &images, &captions)?;
+        Ok(crate::curation::retrieval::retrieval(
+            &sim,
+            images.len(),
+            &owner,
+        ))
+    }
+
     /// Joint-space similarity matrix `images × captions` of the usable pairs
     /// (co-taught networks averaged), for retrieval.
     pub fn similarity_matrix(
