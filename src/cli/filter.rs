@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use crate::curation::threshold::Ranked;
+use crate::curation::threshold::{Keep, Ranked};
 use crate::data;
 use crate::engine::{FingerprintCheck, LabelIndex};
 use crate::error::{Error, Result};
@@ -92,25 +92,6 @@ fn check_engine(engine: FilterEngine) -> Result<()> {
     Ok(())
 }
 
-/// The rule that decides which rows are kept.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Rule {
-    /// The labels' own is_clean.
-    IsClean,
-    /// A cut resolved on the labels' clean_prob (ties by similarity).
-    Cut(crate::curation::threshold::Cut),
-}
-
-/// How users read a rule: in the log line and the filtered file's metadata.
-impl std::fmt::Display for Rule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Rule::IsClean => write!(f, "is_clean from the labels"),
-            Rule::Cut(c) => write!(f, "{}", c.summary()),
-        }
-    }
-}
-
 pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
     a.threshold.rule()?;
     check_engine(a.engine)?;
@@ -123,22 +104,14 @@ pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
 
 /// The rule of the flags, resolved on `pairs` (every scored row's
 /// clean_prob and similarity), which are read only when a rule is given.
-fn rule_of(a: &FilterArgs, pairs: impl FnOnce() -> Result<Vec<Ranked>>) -> Result<Rule> {
+fn rule_of(a: &FilterArgs, pairs: impl FnOnce() -> Result<Vec<Ranked>>) -> Result<Keep> {
     Ok(match a.threshold.rule()? {
-        Some(rule) => Rule::Cut(rule.resolve(&pairs()?)),
-        None => Rule::IsClean,
+        Some(rule) => Keep::Cut(rule.resolve(&pairs()?)),
+        None => Keep::IsClean,
     })
 }
 
-/// Whether `rule` keeps the row labelled `l`.
-fn keeps(rule: Rule, l: &data::LabelRow) -> bool {
-    match rule {
-        Rule::IsClean => l.is_clean,
-        Rule::Cut(c) => c.keeps(l.clean_prob, l.similarity),
-    }
-}
-
-fn filter_metadata(labels: &Path, rule: Rule) -> BTreeMap<String, String> {
+fn filter_metadata(labels: &Path, rule: Keep) -> BTreeMap<String, String> {
     let mut meta = crate::data::Metadata::of_build();
     meta.put("filter.labels", labels.display().to_string());
     meta.put("filter.rule", rule.to_string());
@@ -154,13 +127,13 @@ fn write_joined(
     input: &data::InputSet,
     index: &LabelIndex<'_>,
     check: &FingerprintCheck,
-    rule: Rule,
+    rule: Keep,
     out: &Path,
     format: data::OutputFormat,
     labels_path: &Path,
     one_output: bool,
 ) -> Result<(data::FilterSummary, crate::engine::Joined)> {
-    let joined = index.join(input, check.positional(), |l| keeps(rule, l))?;
+    let joined = index.join(input, check.positional(), |l| rule.keeps(l))?;
     // One labels file serves many shards in --out-dir mode: there, keys of
     // other shards are expected.
     if joined.unmatched > 0 && one_output {
@@ -208,7 +181,7 @@ fn write_polars(
     input: &data::InputSet,
     index: &LabelIndex<'_>,
     joined: &crate::engine::Joined,
-    rule: Rule,
+    rule: Keep,
     out: &Path,
     format: data::OutputFormat,
     meta: &BTreeMap<String, String>,
@@ -219,7 +192,7 @@ fn write_polars(
             out.display()
         )));
     }
-    let keep_label: Vec<bool> = index.labels().iter().map(|l| keeps(rule, l)).collect();
+    let keep_label: Vec<bool> = index.labels().iter().map(|l| rule.keeps(l)).collect();
     #[cfg(feature = "polars")]
     return crate::engine::PolarsFilter {
         input,
@@ -545,27 +518,4 @@ fn shard_format(explicit: Option<data::OutputFormat>, shard: &Path) -> data::Out
             data::OutputFormat::Parquet
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::curation::threshold::Rule as ThresholdRule;
-
-    #[test]
-    fn rules_read_as_sentences_not_debug_values() {
-        let pairs = Ranked::pairs(&[0.9, 0.1], &[]);
-        let c = ThresholdRule::KeepFraction(0.5).resolve(&pairs);
-        let s = Rule::Cut(c).to_string();
-        assert!(
-            s.starts_with("keep the top 50% -> keeping clean_prob >= 0.9000: 1 of 2 pairs"),
-            "{s}"
-        );
-        assert!(!s.contains("Cut("), "{s}");
-        let none = ThresholdRule::KeepFraction(0.0).resolve(&pairs);
-        assert!(Rule::Cut(none)
-            .to_string()
-            .contains("keeping no pair: 0 of 2"));
-        assert_eq!(Rule::IsClean.to_string(), "is_clean from the labels");
-    }
 }

@@ -623,6 +623,36 @@ pub fn percent3(x: f64) -> String {
     format!("{:.1}%", 100.0 * x)
 }
 
+/// Which labelled rows `filter` keeps: the labels' own `is_clean`, or a
+/// cut of a rule resolved on the labels' `clean_prob` (ties by similarity).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Keep {
+    /// The labels' own is_clean.
+    IsClean,
+    /// A cut resolved on the labels' clean_prob (ties by similarity).
+    Cut(Cut),
+}
+
+impl Keep {
+    /// Whether the row labelled `l` is kept.
+    pub fn keeps(self, l: &crate::data::LabelRow) -> bool {
+        match self {
+            Keep::IsClean => l.is_clean,
+            Keep::Cut(c) => c.keeps(l.clean_prob, l.similarity),
+        }
+    }
+}
+
+/// How users read it: in the log line and the filtered file's metadata.
+impl std::fmt::Display for Keep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Keep::IsClean => write!(f, "is_clean from the labels"),
+            Keep::Cut(c) => write!(f, "{}", c.summary()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1007,5 +1037,22 @@ mod tests {
         let e = Record::load(dir.path()).unwrap_err().to_string();
         assert!(e.contains("not a valid ncclean threshold record"), "{e}");
         assert_eq!(Record::load(&dir.path().join("none")).unwrap(), None);
+    }
+
+    #[test]
+    fn rules_read_as_sentences_not_debug_values() {
+        let pairs = Ranked::pairs(&[0.9, 0.1], &[]);
+        let c = Rule::KeepFraction(0.5).resolve(&pairs);
+        let s = Keep::Cut(c).to_string();
+        assert!(
+            s.starts_with("keep the top 50% -> keeping clean_prob >= 0.9000: 1 of 2 pairs"),
+            "{s}"
+        );
+        assert!(!s.contains("Cut("), "{s}");
+        let none = Rule::KeepFraction(0.0).resolve(&pairs);
+        assert!(Keep::Cut(none)
+            .to_string()
+            .contains("keeping no pair: 0 of 2"));
+        assert_eq!(Keep::IsClean.to_string(), "is_clean from the labels");
     }
 }
