@@ -22,6 +22,7 @@ mod labels;
 #[cfg(feature = "polars")]
 mod polars_filter;
 mod prepare;
+pub(crate) mod score;
 mod stream;
 mod trained;
 
