@@ -4,11 +4,12 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::data::{ImageKind, ImageValue, TextEmbeddings};
+use crate::data::TextEmbeddings;
 use crate::engine::{self, FitOptions};
 use crate::error::{invalid, Error, Result};
 use crate::runtime::progress::Reporter;
-use crate::towers::encoders::{ImageEncoder, TextEncoder};
+use crate::towers::choice::TowerFlags;
+use crate::towers::encoders::TextEncoder;
 
 use super::threshold::ThresholdArgs;
 use super::{CacheArgs, DataArgs, EncoderArgs, ImageArgs, OutcomeArgs};
@@ -167,53 +168,17 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     }
     let input = a.data.open_options(&columns)?;
     let e = &a.encoders;
-    let mut chosen_towers = (
-        e.image_encoder,
-        e.text_encoder,
-        e.image_model.clone(),
-        e.text_model.clone(),
-    );
-    // Photos and no tower named: the toy towers would learn little from
-    // them, so installed pretrained towers are taken, and the run says so.
-    let unnamed = e.image_encoder.is_none()
-        && e.text_encoder.is_none()
-        && e.image_model.is_none()
-        && e.text_model.is_none();
-    let photo = if unnamed && input.columns.image_kind != ImageKind::Embedding {
-        first_photo(&input)
-    } else {
-        None
-    };
-    let auto = photo.and_then(|_| {
-        crate::towers::installed::auto_towers(&crate::towers::installed::discover().found)
-    });
-    if let (Some((w, h)), Some(t)) = (photo, &auto) {
-        rep.info(&format!(
-            "towers: the first image is a {w}×{h} photo, so fit uses the pretrained towers \
-             installed here: {} (--image-encoder demo-cnn keeps the toy towers)",
-            t.flags
-        ));
-        chosen_towers = (
-            Some(t.image),
-            Some(t.text),
-            Some(t.image_model.clone()),
-            t.text_model.clone(),
-        );
-    }
-    let (image_encoder, text_encoder, image_model, text_model) = chosen_towers;
-    let mut encoders = crate::towers::encoders::EncoderSpec::resolve(
+    let encoders = crate::towers::choice::choose(
         &input,
-        image_encoder,
-        text_encoder,
-        image_model,
-        text_model,
+        &TowerFlags {
+            image_encoder: e.image_encoder,
+            text_encoder: e.text_encoder,
+            image_model: e.image_model.clone(),
+            text_model: e.text_model.clone(),
+            tower_dtype: e.tower_dtype,
+        },
+        rep,
     )?;
-    encoders.tower_dtype = a.encoders.tower_dtype;
-    if image_encoder.is_none() && encoders.image == ImageEncoder::DemoCnn {
-        if let Some((w, h)) = photo.or_else(|| first_photo(&input)) {
-            crate::runtime::progress::warn_once(&crate::towers::installed::toy_tower_warning(w, h));
-        }
-    }
     let opts = FitOptions {
         encoders,
         cache: a.cache.options()?,
@@ -282,21 +247,4 @@ struct FitPrinted<'a> {
     warnings: &'a [String],
     train_seconds: f64,
     score_pairs_per_second: f64,
-}
-
-/// The size of the first image when it looks like a photo (JPEG or WebP,
-/// at least 100 pixels on its short side): the toy towers' default is for
-/// the synthetic demo's small PNGs.
-fn first_photo(input: &crate::data::InputSet) -> Option<(u32, u32)> {
-    let rows = input.pairs(1).next()?.ok()?;
-    let bytes = match rows.first()?.image.as_ref()? {
-        ImageValue::Bytes(b) => b.clone(),
-        ImageValue::Path(p) => {
-            crate::data::images::read_file(p, input.image_limits.max_bytes).ok()?
-        }
-        ImageValue::Embedding(_) => return None,
-    };
-    let (format, w, h) = crate::data::images::header(&bytes)?;
-    let photo = matches!(format, image::ImageFormat::Jpeg | image::ImageFormat::WebP);
-    (photo && w.min(h) >= 100).then_some((w, h))
 }
