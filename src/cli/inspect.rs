@@ -32,44 +32,12 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
         opts.text_embeddings = TextEmbeddings::IfPresent;
     }
     let input = a.data.open_options(&opts)?;
-    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
-    let mut unusable = 0usize;
-    let mut examples: Vec<(String, String)> = Vec::new();
-    // Every key, to find duplicates: labels are joined back by key.
-    let mut keys: Vec<String> = Vec::with_capacity(input.num_rows());
-    let mut note = |key: &str, why: &str| {
-        unusable += 1;
-        // Group reasons by their first clause so counts stay readable (a
-        // damaged row group's reason also loses its parenthesised error).
-        let clause = why.split(':').next().unwrap_or(why);
-        let group = clause
-            .split(" (")
-            .next()
-            .unwrap_or(clause)
-            .trim()
-            .to_string();
-        *reasons.entry(group).or_default() += 1;
-        if examples.len() < 5 {
-            examples.push((key.to_string(), why.to_string()));
-        }
-    };
-    if a.no_decode {
-        for batch in input.pairs(crate::data::READ_BATCH_ROWS) {
-            for r in batch? {
-                if let Some(p) = &r.problem {
-                    note(&r.key, p);
-                }
-                keys.push(r.key);
-            }
-        }
-    } else {
-        for r in crate::engine::scan(&input, rep)? {
-            if let Some(e) = &r.error {
-                note(&r.key, e);
-            }
-            keys.push(r.key);
-        }
-    }
+    let crate::engine::inspect::Survey {
+        unusable,
+        reasons,
+        examples,
+        dups,
+    } = crate::engine::inspect::survey(&input, !a.no_decode, rep)?;
     let files: Vec<FileRows> = input
         .files
         .iter()
@@ -86,7 +54,6 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
         .map(|f| format!("{}: {}", f.name(), f.data_type()))
         .collect();
     let total = input.num_rows();
-    let dups = crate::data::DuplicateKeys::of(keys.iter().map(String::as_str));
     if a.json {
         return super::print_summary(&InspectPrinted {
             files: &files,

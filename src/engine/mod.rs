@@ -16,6 +16,7 @@
 //! ([`crate::curation::threshold::Record`]), so both agree exactly.
 
 mod fit;
+pub(crate) mod inspect;
 mod join;
 mod keep;
 mod labels;
