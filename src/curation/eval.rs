@@ -131,45 +131,8 @@ pub fn read_truth(path: &Path, truth_col: &str, key_col: Option<&str>) -> Result
     let mut rows = 0usize;
     for batch in reader {
         let batch = batch.with_context(|| format!("reading {}", path.display()))?;
-        let column = batch
-            .column_by_name(truth_col)
-            .context("truth column")?
-            .clone();
-        let keys: Option<Vec<String>> = match key_idx {
-            Some(k) => Some(
-                key_strings(
-                    batch
-                        .column_by_name(names[k])
-                        .context("key column")?
-                        .as_ref(),
-                )
-                .ok_or_else(|| {
-                    invalid(format!(
-                        "{}: key column {:?} must be a string or integer",
-                        path.display(),
-                        names[k]
-                    ))
-                })?,
-            ),
-            None => None,
-        };
-        let values: Vec<Option<f64>> = if graded {
-            numeric_values(column.as_ref()).ok_or_else(|| {
-                invalid(format!(
-                    "{}: truth column {truth_col:?} is {}, which eval cannot read as a number",
-                    path.display(),
-                    column.data_type()
-                ))
-            })?
-        } else {
-            let b = column
-                .as_any()
-                .downcast_ref::<BooleanArray>()
-                .context("truth column as boolean")?;
-            (0..b.len())
-                .map(|i| (!b.is_null(i)).then(|| f64::from(u8::from(b.value(i)))))
-                .collect()
-        };
+        let key_name = key_idx.map(|k| names[k]);
+        let (keys, values) = batch_truth(&batch, path, truth_col, key_name, graded)?;
         for (i, v) in values.into_iter().enumerate() {
             let key = match &keys {
                 Some(k) => k[i].clone(),
@@ -208,6 +171,56 @@ pub fn read_truth(path: &Path, truth_col: &str, key_col: Option<&str>) -> Result
         )));
     }
     Ok(Truth::Graded(grades))
+}
+
+/// One batch of the truth file: its keys (when the file has a key column)
+/// and its truth values (a boolean as 0/1; None per null).
+type BatchTruth = (Option<Vec<String>>, Vec<Option<f64>>);
+
+/// The keys and truth values of one batch of the truth file.
+fn batch_truth(
+    batch: &arrow_array::RecordBatch,
+    path: &Path,
+    truth_col: &str,
+    key_name: Option<&str>,
+    graded: bool,
+) -> Result<BatchTruth> {
+    let column = batch
+        .column_by_name(truth_col)
+        .context("truth column")?
+        .clone();
+    let keys: Option<Vec<String>> = match key_name {
+        Some(name) => Some(
+            key_strings(batch.column_by_name(name).context("key column")?.as_ref()).ok_or_else(
+                || {
+                    invalid(format!(
+                        "{}: key column {:?} must be a string or integer",
+                        path.display(),
+                        name
+                    ))
+                },
+            )?,
+        ),
+        None => None,
+    };
+    let values: Vec<Option<f64>> = if graded {
+        numeric_values(column.as_ref()).ok_or_else(|| {
+            invalid(format!(
+                "{}: truth column {truth_col:?} is {}, which eval cannot read as a number",
+                path.display(),
+                column.data_type()
+            ))
+        })?
+    } else {
+        let b = column
+            .as_any()
+            .downcast_ref::<BooleanArray>()
+            .context("truth column as boolean")?;
+        (0..b.len())
+            .map(|i| (!b.is_null(i)).then(|| f64::from(u8::from(b.value(i)))))
+            .collect()
+    };
+    Ok((keys, values))
 }
 
 /// The values of a numeric column as f64 (None per null); None for a type
