@@ -17,12 +17,12 @@ use clap::Args;
 
 use crate::data::{self, InputSet, LabelsWriter};
 use crate::engine::score::{
-    counts, file_of, refuse_without_signal, stream_file, FileWarnings, Kept,
+    refuse_without_signal, score_refit, score_streaming, stream_file, FileWarnings, Scoring,
 };
-use crate::engine::{join_by_position, Engine, LabelsSummary};
+use crate::engine::{Engine, LabelsSummary};
 use crate::error::{Error, Result};
 use crate::run::inputs;
-use crate::run::shards::{self, Counts};
+use crate::run::shards;
 use crate::runtime::progress::Reporter;
 
 use super::threshold::ThresholdArgs;
@@ -112,6 +112,21 @@ pub fn run(mut a: ScoreArgs, rep: &Reporter) -> Result<()> {
     }
 }
 
+/// Warn when the training data run.json names (scored without DATA) no
+/// longer gives the fingerprint `want` that fit recorded.
+fn warn_if_changed(input: &InputSet, want: &str, engine: &Engine) -> Result<()> {
+    if input.fingerprint()? != want {
+        crate::runtime::progress::warn_once(&format!(
+            "the files run.json names as the training data changed since fit (their \
+             content differs from the input_fingerprint it records): scoring them as they \
+             are now, which is not the data {} was trained on; name the data to score \
+             (DATA) to make that choice explicit",
+            engine.dir.display()
+        ));
+    }
+    Ok(())
+}
+
 /// `--out`: one labels file (and `--filtered`), written a file at a time.
 /// `recorded`: the training data's fingerprint when DATA was taken from
 /// run.json, to say when those files changed since `fit`.
@@ -127,15 +142,7 @@ fn run_one(
         .data
         .open_options(&engine.input_options(a.data.options_with(&a.images)))?;
     if let Some(want) = recorded {
-        if input.fingerprint()? != want {
-            crate::runtime::progress::warn_once(&format!(
-                "the files run.json names as the training data changed since fit (their \
-                 content differs from the input_fingerprint it records): scoring them as they \
-                 are now, which is not the data {} was trained on; name the data to score \
-                 (DATA) to make that choice explicit",
-                engine.dir.display()
-            ));
-        }
+        warn_if_changed(&input, want, engine)?;
     }
     let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
     crate::run::dir::check_not_an_input(out, &files, "--out")?;
@@ -152,69 +159,26 @@ fn run_one(
     // together: an interrupt never leaves new labels beside an old filter.
     let labels_out = crate::runtime::temp::Pending::new(out)?;
     let mut writer = LabelsWriter::create_in(labels_out.tmp_path())?;
-    let mut total = Counts::default();
-    let mut tally = crate::curation::threshold::Tally::default();
-    let mut seconds = 0.0;
-    // `--filtered`: each file's decisions and kept rows' label values.
-    let mut kept = Kept::default();
     let mut warnings = FileWarnings::default();
-    if a.refit {
-        // The refitted mixture needs every pair's statistic at once.
-        let prepared = engine.prepare(&input, &cache, rep)?;
-        let scored = engine.score_rows(&input, &prepared, true, rep)?;
-        // Each file's pairs and cut, found in one pass over the pairs.
-        let files = input.files.len();
-        let mut pairs_of = vec![Vec::new(); files];
-        let mut tally_of = vec![crate::curation::threshold::Tally::default(); files];
-        for (k, &row) in prepared.ok.iter().enumerate() {
-            let f = prepared.rows[row].file;
-            pairs_of[f].push(k);
-            let l = &scored.labels[row];
-            if let Some(p) = l.clean_prob {
-                let pair = crate::curation::threshold::Ranked::new(p, l.similarity);
-                tally_of[f].add(&[pair], engine.cut().bound());
-            }
-        }
-        for (f, (pairs, tally)) in pairs_of.iter().zip(&tally_of).enumerate() {
-            let name = input.display_name(f);
-            if let Some(w) = engine.signal_warning(&name, &prepared.inputs, pairs, tally)? {
-                warnings.add(w);
-            }
-        }
-        writer.write(&scored.labels)?;
-        let noisy = (scored.estimated_noise_rate * scored.pairs as f64).round() as usize;
-        total = counts(&scored.labels, scored.pairs, noisy);
-        tally.merge(&scored.tally);
-        seconds = scored.seconds;
-        if a.filtered.is_some() {
-            let joined = join_by_position(&input, &scored.labels, |l| l.is_clean, true)?;
-            kept = Kept {
-                keep: joined.keep,
-                label_of: joined.label_of,
-                labels: scored.labels,
-            };
-        }
+    let score = if a.refit {
+        score_refit
     } else {
-        for i in 0..input.files.len() {
-            let piece = file_of(&input, i);
-            let filtered = a.filtered.is_some().then(|| {
-                kept.start_file(piece.num_rows());
-                &mut kept
-            });
-            let (c, t, s) = stream_file(
-                engine,
-                &piece,
-                &cache,
-                rep,
-                &mut writer,
-                filtered,
-                &mut warnings,
-            )?;
-            total.add(&c);
-            tally.merge(&t);
-            seconds += s;
-        }
-    }
+        score_streaming
+    };
+    let Scoring {
+        total,
+        tally,
+        seconds,
+        kept,
+    } = score(
+        engine,
+        &input,
+        &cache,
+        rep,
+        &mut writer,
+        a.filtered.is_some(),
+        &mut warnings,
+    )?;
     let cut = engine.cut_over(&tally);
     let noise = cut.estimated_noise_rate;
     let metadata = engine.metadata(&LabelsSummary {

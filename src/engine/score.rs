@@ -3,6 +3,7 @@
 //! `--filtered` keeps, the per-file warnings, and the refusal of a run that
 //! recorded no signal.
 
+use crate::curation::threshold::Tally;
 use crate::data::{InputSet, LabelRow, LabelsWriter};
 use crate::engine::Engine;
 use crate::error::Result;
@@ -52,7 +53,7 @@ pub(crate) fn refuse_without_signal(engine: &Engine) -> Result<()> {
 }
 
 /// Counts of scored labels: `pairs` usable ones, `noisy` of them noisy.
-pub(crate) fn counts(labels: &[LabelRow], pairs: usize, noisy: usize) -> Counts {
+fn counts(labels: &[LabelRow], pairs: usize, noisy: usize) -> Counts {
     Counts {
         rows: labels.len(),
         usable: pairs,
@@ -75,9 +76,9 @@ pub(crate) fn stream_file(
     out: &mut LabelsWriter,
     mut kept: Option<&mut Kept>,
     warnings: &mut FileWarnings,
-) -> Result<(Counts, crate::curation::threshold::Tally, f64)> {
+) -> Result<(Counts, Tally, f64)> {
     let mut total = Counts::default();
-    let mut tally = crate::curation::threshold::Tally::default();
+    let mut tally = Tally::default();
     let mut seconds = 0.0;
     engine.score_file(input, cache, rep, |block| {
         out.write(&block.labels)?;
@@ -166,10 +167,112 @@ impl Kept {
 }
 
 /// The input as a set of its file `i` alone (same columns and limits).
-pub(crate) fn file_of(input: &InputSet, i: usize) -> InputSet {
+fn file_of(input: &InputSet, i: usize) -> InputSet {
     InputSet {
         files: vec![input.files[i].clone()],
         fingerprint: Default::default(),
         ..input.clone()
     }
+}
+
+/// What scoring an input into one labels file gave.
+pub(crate) struct Scoring {
+    /// Counts over every file.
+    pub(crate) total: Counts,
+    /// The engine's cut over the usable pairs.
+    pub(crate) tally: Tally,
+    /// Seconds in the model's scoring passes.
+    pub(crate) seconds: f64,
+    /// What `--filtered` keeps (empty without it).
+    pub(crate) kept: Kept,
+}
+
+/// Score `input` a file and a block at a time into `writer` (what
+/// `--filtered` keeps gathered when `filtered`).
+pub(crate) fn score_streaming(
+    engine: &Engine,
+    input: &InputSet,
+    cache: &CacheOptions,
+    rep: &Reporter,
+    writer: &mut LabelsWriter,
+    filtered: bool,
+    warnings: &mut FileWarnings,
+) -> Result<Scoring> {
+    let mut total = Counts::default();
+    let mut tally = Tally::default();
+    let mut seconds = 0.0;
+    // `--filtered`: each file's decisions and kept rows' label values.
+    let mut kept = Kept::default();
+    for i in 0..input.files.len() {
+        let piece = file_of(input, i);
+        let filtered = filtered.then(|| {
+            kept.start_file(piece.num_rows());
+            &mut kept
+        });
+        let (c, t, s) = stream_file(engine, &piece, cache, rep, writer, filtered, warnings)?;
+        total.add(&c);
+        tally.merge(&t);
+        seconds += s;
+    }
+    Ok(Scoring {
+        total,
+        tally,
+        seconds,
+        kept,
+    })
+}
+
+/// `--refit`: score the whole of `input` at once (the refitted mixture
+/// needs every pair's statistic), each file checked against random
+/// pairings on its own, into `writer`.
+pub(crate) fn score_refit(
+    engine: &Engine,
+    input: &InputSet,
+    cache: &CacheOptions,
+    rep: &Reporter,
+    writer: &mut LabelsWriter,
+    filtered: bool,
+    warnings: &mut FileWarnings,
+) -> Result<Scoring> {
+    let prepared = engine.prepare(input, cache, rep)?;
+    let scored = engine.score_rows(input, &prepared, true, rep)?;
+    // Each file's pairs and cut, found in one pass over the pairs.
+    let files = input.files.len();
+    let mut pairs_of = vec![Vec::new(); files];
+    let mut tally_of = vec![Tally::default(); files];
+    for (k, &row) in prepared.ok.iter().enumerate() {
+        let f = prepared.rows[row].file;
+        pairs_of[f].push(k);
+        let l = &scored.labels[row];
+        if let Some(p) = l.clean_prob {
+            let pair = crate::curation::threshold::Ranked::new(p, l.similarity);
+            tally_of[f].add(&[pair], engine.cut().bound());
+        }
+    }
+    for (f, (pairs, tally)) in pairs_of.iter().zip(&tally_of).enumerate() {
+        let name = input.display_name(f);
+        if let Some(w) = engine.signal_warning(&name, &prepared.inputs, pairs, tally)? {
+            warnings.add(w);
+        }
+    }
+    writer.write(&scored.labels)?;
+    let noisy = (scored.estimated_noise_rate * scored.pairs as f64).round() as usize;
+    let total = counts(&scored.labels, scored.pairs, noisy);
+    let mut tally = Tally::default();
+    tally.merge(&scored.tally);
+    let mut kept = Kept::default();
+    if filtered {
+        let joined = super::join_by_position(input, &scored.labels, |l| l.is_clean, true)?;
+        kept = Kept {
+            keep: joined.keep,
+            label_of: joined.label_of,
+            labels: scored.labels,
+        };
+    }
+    Ok(Scoring {
+        total,
+        tally,
+        seconds: scored.seconds,
+        kept,
+    })
 }
