@@ -364,57 +364,13 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         },
         rep,
         |shard| {
-            let labels_path = labels_of(&shard.shard.stem);
-            let format = shard_format(a.format, &shard.shard.path);
-            check_all_rows(a, format, &shard.path)?;
-            let (s, _) = match &single_index {
-                Some(index) => {
-                    // The labels' fingerprint covers every shard together.
-                    let check = FingerprintCheck::Unknown(
-                        "one labels file for many shards carries the fingerprint of them all together, not of one shard".into(),
-                    );
-                    write_joined(
-                        a,
-                        shard.input,
-                        index,
-                        &check,
-                        rule,
-                        &shard.path,
-                        format,
-                        &labels_path,
-                        false,
-                    )?
-                }
-                None => {
-                    let (labels, meta) = data::read_labels(&labels_path)?;
-                    let index = LabelIndex::new(&labels)?;
-                    let check = FingerprintCheck::of(shard.input, &meta)?;
-                    if check != FingerprintCheck::Same {
-                        crate::runtime::progress::warn_once(&format!(
-                            "{}: {check}",
-                            shard.shard.path.display()
-                        ));
-                    }
-                    write_joined(
-                        a,
-                        shard.input,
-                        &index,
-                        &check,
-                        rule,
-                        &shard.path,
-                        format,
-                        &labels_path,
-                        true,
-                    )?
-                }
-            };
-            Ok(crate::run::shards::Counts {
-                rows: s.rows_in,
-                usable: s.rows_in,
-                skipped: s.dropped,
-                kept: s.rows_out,
-                noisy: 0,
-            })
+            filter_shard(
+                a,
+                shard,
+                single_index.as_ref(),
+                rule,
+                &labels_of(&shard.shard.stem),
+            )
         },
     )?;
     if let Some(path) = &a.uids_out {
@@ -443,6 +399,68 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// `--out-dir`: filter one shard with `rule`, joined by key to the one
+/// labels file's `single` index, or else to its own labels at
+/// `labels_path`.
+fn filter_shard(
+    a: &FilterArgs,
+    shard: &crate::run::shards::ShardOutput,
+    single: Option<&LabelIndex<'_>>,
+    rule: Keep,
+    labels_path: &Path,
+) -> Result<crate::run::shards::Counts> {
+    let format = shard_format(a.format, &shard.shard.path);
+    check_all_rows(a, format, &shard.path)?;
+    let (s, _) = match single {
+        Some(index) => {
+            // The labels' fingerprint covers every shard together.
+            let check = FingerprintCheck::Unknown(
+                "one labels file for many shards carries the fingerprint of them all together, not of one shard".into(),
+            );
+            write_joined(
+                a,
+                shard.input,
+                index,
+                &check,
+                rule,
+                &shard.path,
+                format,
+                labels_path,
+                false,
+            )?
+        }
+        None => {
+            let (labels, meta) = data::read_labels(labels_path)?;
+            let index = LabelIndex::new(&labels)?;
+            let check = FingerprintCheck::of(shard.input, &meta)?;
+            if check != FingerprintCheck::Same {
+                crate::runtime::progress::warn_once(&format!(
+                    "{}: {check}",
+                    shard.shard.path.display()
+                ));
+            }
+            write_joined(
+                a,
+                shard.input,
+                &index,
+                &check,
+                rule,
+                &shard.path,
+                format,
+                labels_path,
+                true,
+            )?
+        }
+    };
+    Ok(crate::run::shards::Counts {
+        rows: s.rows_in,
+        usable: s.rows_in,
+        skipped: s.dropped,
+        kept: s.rows_out,
+        noisy: 0,
+    })
 }
 
 /// What `filter --out FILE` prints on stdout.
