@@ -510,46 +510,10 @@ impl SampleStream {
             });
 
         let caption = match &self.layout.caption {
-            CaptionFrom::Txt => match member(&|e| e == "txt") {
-                None => {
-                    problems.push(format!("no caption member ({}.txt)", s.key));
-                    None
-                }
-                Some((_, Err(e))) => {
-                    problems.push(e.clone());
-                    None
-                }
-                Some((name, Ok(b))) => match std::str::from_utf8(b) {
-                    Ok(c) => Some(c.to_string()),
-                    Err(_) => {
-                        problems.push(format!("caption member {name} is not valid UTF-8"));
-                        None
-                    }
-                },
-            },
-            CaptionFrom::Json(field) => match &parsed {
-                None => {
-                    problems.push(format!(
-                        "no metadata member ({}.json) to take the caption from",
-                        s.key
-                    ));
-                    None
-                }
-                Some(Err(e)) => {
-                    problems.push(e.clone());
-                    None
-                }
-                Some(Ok(v)) => match v.get(field).and_then(|c| c.as_str()) {
-                    Some(c) => Some(c.to_string()),
-                    None => {
-                        problems.push(format!(
-                            "metadata member {}.json has no string field \"{field}\"",
-                            s.key
-                        ));
-                        None
-                    }
-                },
-            },
+            CaptionFrom::Txt => caption_of_txt(member(&|e| e == "txt"), &s.key, &mut problems),
+            CaptionFrom::Json(field) => {
+                caption_of_json(parsed.as_ref(), field, &s.key, &mut problems)
+            }
         };
         if caption.as_deref().is_some_and(|c| c.trim().is_empty()) {
             problems.push("caption is empty".into());
@@ -592,6 +556,62 @@ impl SampleStream {
             json: json_text,
             problem: (!problems.is_empty()).then(|| problems.join("; ")),
         }
+    }
+}
+
+/// A found member: its name and its bytes, or why they could not be read.
+type Found<'a> = (&'a str, &'a std::result::Result<Vec<u8>, String>);
+
+/// The caption of a sample from its `.txt` member; what is wrong goes to
+/// `problems`.
+fn caption_of_txt(txt: Option<Found<'_>>, key: &str, problems: &mut Vec<String>) -> Option<String> {
+    match txt {
+        None => {
+            problems.push(format!("no caption member ({key}.txt)"));
+            None
+        }
+        Some((_, Err(e))) => {
+            problems.push(e.clone());
+            None
+        }
+        Some((name, Ok(b))) => match std::str::from_utf8(b) {
+            Ok(c) => Some(c.to_string()),
+            Err(_) => {
+                problems.push(format!("caption member {name} is not valid UTF-8"));
+                None
+            }
+        },
+    }
+}
+
+/// The caption of a sample from field `field` of its parsed `.json`
+/// member; what is wrong goes to `problems`.
+fn caption_of_json(
+    parsed: Option<&std::result::Result<serde_json::Value, String>>,
+    field: &str,
+    key: &str,
+    problems: &mut Vec<String>,
+) -> Option<String> {
+    match parsed {
+        None => {
+            problems.push(format!(
+                "no metadata member ({key}.json) to take the caption from"
+            ));
+            None
+        }
+        Some(Err(e)) => {
+            problems.push(e.clone());
+            None
+        }
+        Some(Ok(v)) => match v.get(field).and_then(|c| c.as_str()) {
+            Some(c) => Some(c.to_string()),
+            None => {
+                problems.push(format!(
+                    "metadata member {key}.json has no string field \"{field}\""
+                ));
+                None
+            }
+        },
     }
 }
 
