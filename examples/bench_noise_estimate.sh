@@ -17,7 +17,7 @@
 #              against the expected precision the run reports for that cut
 #   P>=0.95    realised precision and kept share of --target-precision 0.95
 #              resolved on the training clean_probs (the rule of
-#              src/threshold.rs, mirrored here in numpy)
+#              src/curation/threshold.rs, mirrored here in numpy)
 #   warning    the division warning fit printed, if any
 #
 # Needs the data and feature cache examples/benchmarks.sh makes

@@ -3,8 +3,8 @@
 //! "x% of what the hardware allows", not as an absolute number that depends
 //! on how loaded the machine was.
 //!
-//! Stages (the tool's own code paths: `ncclean::images::decode` with the
-//! default limits, `ncclean::encoders::{ImageTower, TextTower}`):
+//! Stages (the tool's own code paths: `ncclean::data::images::decode` with the
+//! default limits, `ncclean::towers::encoders::{ImageTower, TextTower}`):
 //!
 //! - matmul: candle f32 `[1024, 1024]` products, measured again right
 //!   before each stage (each ratio is against its own, so a load that comes
@@ -30,15 +30,15 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use candle_transformers::models::clip::vision_model::{ClipVisionConfig, ClipVisionTransformer};
-use ncclean::encoders::{
+use ncclean::data::images::{self, ImageLimits};
+use ncclean::towers::encoders::{
     EncoderSpec, ImageEncoder, ImageTower, TextEncoder, TextTower, TowerDtype,
 };
-use ncclean::images::{self, ImageLimits};
 
 /// Multiply-adds of one 224² MobileNetV2 (width 1.0) forward, as published
 /// (Sandler et al. 2018, table 3: 300M).
 const MOBILENET_MADDS: f64 = 300e6;
-/// The tool's batch sizes (src/features/extract.rs).
+/// The tool's batch sizes (src/towers/features/extract.rs).
 const IMAGE_BATCH: usize = 32;
 const TEXT_BATCH: usize = 64;
 const TEXT_WINDOW: usize = 8 * TEXT_BATCH;
@@ -214,10 +214,10 @@ struct Row {
 }
 
 fn main() -> Result<()> {
-    ncclean::threads::configure();
+    ncclean::runtime::threads::configure();
     let a = parse_args()?;
     let dev = Device::Cpu;
-    let threads = ncclean::threads::current();
+    let threads = ncclean::runtime::threads::current();
     let mut rows = Vec::new();
 
     // The yardstick: large square products, as the towers' big layers.

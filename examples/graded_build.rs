@@ -32,8 +32,8 @@ use std::sync::Arc;
 use arrow_array::{Array, ArrayRef, BinaryArray, Float64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use candle_core::Device;
-use ncclean::corrupt::neighbours::WordIndex;
 use ncclean::data::AtomicParquetWriter;
+use ncclean::synth::corrupt::neighbours::WordIndex;
 use ncclean_models::bert_text::BertTextTower;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 

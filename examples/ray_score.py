@@ -79,7 +79,7 @@ def list_shards(inputs):
 
 
 def stem_of(path):
-    """The stem ncclean names a shard's outputs after (src/shards.rs)."""
+    """The stem ncclean names a shard's outputs after (src/run/shards.rs)."""
     name = os.path.basename(path)
     once = name[: name.rfind(".")] if name.rfind(".") > 0 else name
     if once.lower().endswith(".tar"):

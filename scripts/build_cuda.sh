@@ -31,7 +31,7 @@
 #      nvidia-curand, nvidia-cuda-nvrtc wheels, ~0.8 GB, mostly cuBLASLt) to
 #      cuda-libs/ next to the binary, which it strips. The binary finds cuda-libs/
 #      beside itself, else $NCCLEAN_CUDA_LIBS, else the nvidia/*/lib folders of
-#      the Python environment on PATH (PyTorch's wheels; src/cuda_libs.rs), so
+#      the Python environment on PATH (PyTorch's wheels; src/runtime/cuda_libs.rs), so
 #      copying the binary together with cuda-libs/ is enough; the machine
 #      that runs it needs only the NVIDIA driver (libcuda.so.1, driver >= 580
 #      for CUDA 13). Without a driver the binary still starts: --device auto

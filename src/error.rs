@@ -51,7 +51,7 @@ impl From<ncclean_pipelines::Error> for Error {
             ncclean_pipelines::Error::Config(m) => Error::Usage(m),
             ncclean_pipelines::Error::State(m) => Error::InvalidInput(m),
             ncclean_pipelines::Error::Diverged(m) => Error::Other(anyhow::anyhow!(m)),
-            ncclean_pipelines::Error::Interrupted => crate::interrupt::error(),
+            ncclean_pipelines::Error::Interrupted => crate::runtime::interrupt::error(),
             ncclean_pipelines::Error::Runtime(e) => Error::Other(anyhow::Error::new(e)),
         }
     }

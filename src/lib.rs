@@ -1,39 +1,37 @@
 //! ncclean: find and clean mismatched image–caption pairs.
 //!
-//! The binary is a thin layer over this library: [`data`] reads and writes
-//! parquet, [`engine`] trains and scores through one code path, and the
-//! method math lives in the `ncclean-pipelines` crate.
+//! The binary is a thin layer over this library, and the method math lives
+//! in the `ncclean-pipelines` crate. Rows flow through the folders in this
+//! order (ARCHITECTURE.md walks the whole flow):
+//!
+//! - [`cli`]: the command line, one module per subcommand;
+//! - [`data`]: parquet and webdataset in and out: columns, rows, images,
+//!   sampling, keys, labels and filtered output;
+//! - [`towers`]: the frozen towers: which to use, which are installed, and
+//!   their cached features;
+//! - `engine` (private to the crate): rows to trained pipelines and per-pair labels: prepare,
+//!   fit, the checkpoint-backed engine, streaming, filter joins;
+//! - [`curation`]: which pairs count as clean: threshold rules and cuts, the
+//!   division check, detection and retrieval metrics;
+//! - [`run`]: the run directory: its commit protocol, run.json and the
+//!   recorded inputs, checkpoints, shard markers;
+//! - [`report`]: the HTML report of a run;
+//! - [`synth`]: synthetic data: the demo dataset and noise injection with
+//!   ground truth;
+//! - [`runtime`]: the process around the work: device, threads, progress,
+//!   interrupts, build info, CUDA libraries, the GPU check, and leaf helpers
+//!   (temporaries for atomic outputs, small-file reads, hex digests);
+//! - [`error`]: errors and the exit codes they map to.
 
-pub mod build_info;
-pub mod checkpoint;
 pub mod cli;
-pub mod corrupt;
-pub mod cuda_libs;
+pub mod curation;
 pub mod data;
-pub mod demo;
-pub mod device;
-pub mod encoders;
-pub mod engine;
+pub(crate) mod engine;
 pub mod error;
-pub mod features;
-pub mod gpu_check;
-pub mod hex;
-pub mod images;
-pub mod interrupt;
-pub mod metrics;
-pub(crate) mod parallel;
-pub mod progress;
 pub mod report;
-pub mod retrieval;
-pub mod run_inputs;
-pub mod rundir;
-pub mod sample;
-pub mod shards;
-pub mod signal;
-pub mod small_file;
-pub mod temp;
-pub mod threads;
-pub mod threshold;
+pub mod run;
+pub mod runtime;
+pub mod synth;
 pub mod towers;
 
 pub use error::{Error, Result};

@@ -9,11 +9,11 @@ fn main() {
         std::env::remove_var("RUST_BACKTRACE");
         std::env::remove_var("RUST_LIB_BACKTRACE");
     }
-    ncclean::threads::configure();
+    ncclean::runtime::threads::configure();
     let cli = ncclean::cli::Cli::parse_args();
-    ncclean::interrupt::install();
+    ncclean::runtime::interrupt::install();
     if let Err(e) = ncclean::cli::run(cli) {
-        ncclean::progress::report_error(&e);
+        ncclean::runtime::progress::report_error(&e);
         std::process::exit(e.exit_code());
     }
 }

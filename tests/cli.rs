@@ -214,7 +214,7 @@ fn fit_is_deterministic_for_a_seed() {
 }
 
 /// The binary runs candle's element-wise ops on one thread unless
-/// `CANDLE_NUM_THREADS` says otherwise (src/threads.rs), records the setting
+/// `CANDLE_NUM_THREADS` says otherwise (src/runtime/threads.rs), records the setting
 /// in stats.json, and the thread count never changes a label.
 #[test]
 fn candle_thread_count_defaults_to_one_and_changes_no_label() {

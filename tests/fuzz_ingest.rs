@@ -449,9 +449,9 @@ fn ingest(path: &Path) -> Result<(), TestCaseError> {
             let usable = match &r.image {
                 // The bounded decode every tower path uses (pixel limit,
                 // decoder limits, process-wide memory budget).
-                Some(ImageValue::Bytes(b)) => ncclean::images::decode(
+                Some(ImageValue::Bytes(b)) => ncclean::data::images::decode(
                     b,
-                    &ncclean::images::ImageLimits::default(),
+                    &ncclean::data::images::ImageLimits::default(),
                     |w, h| rgb_square_working_bytes(w, h, DECODE_SIZE),
                     |img| rgb_square(img, DECODE_SIZE),
                 )

@@ -147,7 +147,7 @@ fn score_refuses_a_checkpoint_changed_after_fit_naming_the_file() {
     reseal(&run);
 
     // Without its manifest, run.json's checkpoint_sha256 still tells.
-    std::fs::remove_file(ckpt.join(ncclean::checkpoint::MANIFEST_FILE)).unwrap();
+    std::fs::remove_file(ckpt.join(ncclean::run::checkpoint::MANIFEST_FILE)).unwrap();
     flip(&net, 5);
     refused(
         &score(&data, &run, &out),
@@ -194,7 +194,7 @@ fn fit_resume_refuses_a_damaged_epoch_checkpoint() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let resume = ncclean::rundir::resume_dir(&run);
+    let resume = ncclean::run::dir::resume_dir(&run);
     let started = Instant::now();
     while !resume.join("resume.json").exists() {
         assert!(

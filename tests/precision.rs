@@ -1,6 +1,6 @@
 //! Half-precision towers against f32, on the CPU (issue #13: towers run in
 //! f16 on CUDA where the result stays within tolerance of f32). The
-//! tolerance is `ncclean::gpu_check::Tolerance`, the same numbers
+//! tolerance is `ncclean::runtime::gpu_check::Tolerance`, the same numbers
 //! `ncclean gpu-check` applies on a GPU, per item: for pooled features a
 //! cosine of at least 0.999 in f16 (0.99 in bf16) and a max |Δ| of at most
 //! 2% (8%) of the largest reference value; for local features (grid cells,
@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use ncclean::gpu_check::{agreement, Tolerance};
+use ncclean::runtime::gpu_check::{agreement, Tolerance};
 use ncclean_models::clip_tower::ClipTower;
 use ncclean_models::mobilenet_v2::MobileNetV2;
 use ncclean_models::preprocess::ImagePreprocess;

@@ -65,7 +65,10 @@ fn report_of_a_fitted_run_is_one_self_contained_page() {
     let stats: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("stats.json")).unwrap()).unwrap();
     let counts = stats["division"]["histogram"]["counts"].as_array().unwrap();
-    assert_eq!(counts.len(), ncclean::report::STATISTIC_BINS);
+    assert_eq!(
+        counts.len(),
+        ncclean::curation::division_record::STATISTIC_BINS
+    );
     let binned: u64 = counts.iter().map(|c| c.as_u64().unwrap()).sum();
     assert_eq!(binned, stats["pairs"].as_u64().unwrap());
     assert_eq!(stats["division"]["division"]["kind"], "gmm");
@@ -99,7 +102,7 @@ fn report_of_a_fitted_run_is_one_self_contained_page() {
     assert!(
         html.contains(&format!(
             "{} of 300 sampled pairs score above 99% of random pairings",
-            ncclean::threshold::percent(matched)
+            ncclean::curation::threshold::percent(matched)
         )),
         "no random-pairings fact"
     );

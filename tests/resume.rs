@@ -34,7 +34,7 @@ fn spawn_until_checkpoint(args: &[&str], run: &Path) -> Child {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("ncclean starts");
-    let marker = ncclean::rundir::resume_dir(run).join("resume.json");
+    let marker = ncclean::run::dir::resume_dir(run).join("resume.json");
     let started = Instant::now();
     while !marker.exists() && started.elapsed() < Duration::from_secs(300) {
         if child.try_wait().expect("poll").is_some() {

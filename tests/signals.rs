@@ -62,7 +62,7 @@ fn a_signal_stops_fit_cleanly_and_keeps_the_previous_run() {
     let run = tmp.path().join("run");
     ok(&fit_args(&data, &run, "2"));
     let before = snapshot(&run);
-    let resume = ncclean::rundir::resume_dir(&run);
+    let resume = ncclean::run::dir::resume_dir(&run);
 
     for (sig, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM")] {
         // The previous round's epoch checkpoint would look like this round's.

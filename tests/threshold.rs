@@ -7,8 +7,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{ncclean, ok, p};
+use ncclean::curation::threshold::{Record, Rule, RECORD_FILE};
 use ncclean::data::read_labels;
-use ncclean::threshold::{Record, Rule, RECORD_FILE};
 
 /// 2,000 embedding demo pairs (fast to train) in `dir`, with `rate` of
 /// them mismatched (`ncclean corrupt`, seed 1) when `rate` > 0.
@@ -355,7 +355,7 @@ fn fit_warns_on_noise_free_data_and_on_data_without_signal() {
         err.contains("warning: noise understated: ")
             && err.contains(&format!(
                 "and the cut removes {}:",
-                ncclean::threshold::percent(removed)
+                ncclean::curation::threshold::percent(removed)
             ))
             && err.contains(&format!("--remove-noise-rate {share:.2}")),
         "{err}"

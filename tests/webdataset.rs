@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use common::{demo, ncclean, ok, p, quick_fit};
 use ncclean::data::{read_labels, LabelRow, RowStatus};
-use ncclean::demo::{generate, DemoOptions};
+use ncclean::synth::demo::{generate, DemoOptions};
 
 /// A member: its name and bytes.
 type Member = (String, Vec<u8>);

@@ -20,7 +20,7 @@ Detection: AUROC / AP of -score for the `noisy` pairs, and F1 of calling noisy
 the pairs below the cut of a two-means split of the scores (1-D k-means,
 started at the min and max; no training labels are used anywhere).
 Retrieval (with --test): the same map and cosine on the held-out split,
-R@1/5/10 both ways as src/retrieval.rs defines them.
+R@1/5/10 both ways as src/curation/retrieval.rs defines them.
 
 Features are read from ncclean's content-addressed f16 store that
 `ncclean fit --cache-dir DIR` filled (the same reader as vanilla_numpy.py).
@@ -108,7 +108,7 @@ def f1(pred, truth):
 
 
 def retrieval(sim, owner):
-    """R@1/5/10 i->t (best of the image's captions) and t->i, ties against the query, as src/retrieval.rs."""
+    """R@1/5/10 i->t (best of the image's captions) and t->i, ties against the query, as src/curation/retrieval.rs."""
     n_img, n_cap = sim.shape
     r = {}
     ranks = []

@@ -115,7 +115,7 @@ def load_config(path, section):
 
 
 # ---------------------------------------------------------------------------
-# Features: ncclean's content-addressed f16 store (src/features/mod.rs).
+# Features: ncclean's content-addressed f16 store (src/towers/features/mod.rs).
 
 def read_store(cache_dir, prefix):
     """key -> row of the global f16 vectors, for the one store whose tower tag starts with prefix."""

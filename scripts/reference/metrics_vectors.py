@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference vectors for ncclean's detection metrics (src/metrics.rs).
+"""Reference vectors for ncclean's detection metrics (src/curation/metrics.rs).
 
 Computes scikit-learn's roc_auc_score, average_precision_score and
 precision_recall_fscore_support (binary, zero_division=0) on a few seeded
@@ -20,7 +20,7 @@ from sklearn.metrics import (
     roc_auc_score,
 )
 
-DEFAULT_OUT = Path(__file__).resolve().parents[2] / "src/testdata/metrics_vectors.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "src/curation/testdata/metrics_vectors.json"
 
 
 def make_cases():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference vectors for ncclean's rank correlations (src/metrics.rs).
+"""Reference vectors for ncclean's rank correlations (src/curation/metrics.rs).
 
 Computes scipy's kendalltau (tau-b, the default) and spearmanr on a few
 seeded random datasets with many ties (ratings on a 1-5 scale, scores
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau, spearmanr
 
-DEFAULT_OUT = Path(__file__).resolve().parents[2] / "src/testdata/rank_vectors.json"
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "src/curation/testdata/rank_vectors.json"
 
 
 def make_cases():

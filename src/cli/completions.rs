@@ -5,7 +5,7 @@ use clap::{Args, CommandFactory};
 use clap_complete::Shell;
 
 use crate::error::Result;
-use crate::progress::Reporter;
+use crate::runtime::progress::Reporter;
 
 /// Arguments of `ncclean completions`.
 #[derive(Debug, Args)]

@@ -4,9 +4,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::corrupt::{Noise, NoiseMode};
 use crate::error::{Error, Result};
-use crate::progress::Reporter;
+use crate::runtime::progress::Reporter;
+use crate::synth::corrupt::{Noise, NoiseMode};
 
 use super::DataArgs;
 
@@ -52,14 +52,14 @@ pub fn run(a: CorruptArgs, rep: &Reporter) -> Result<()> {
     }
     let input = a.data.open()?;
     let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
-    crate::rundir::check_not_an_input(&a.out, &files, "--out")?;
+    crate::run::dir::check_not_an_input(&a.out, &files, "--out")?;
     let noise = Noise {
         rate: a.rate,
         seed: a.seed,
         mode: a.mode,
         hard_fraction: a.hard_fraction.unwrap_or(0.5),
     };
-    let s = crate::corrupt::corrupt(&input, &noise, &a.out)?;
+    let s = crate::synth::corrupt::corrupt(&input, &noise, &a.out)?;
     rep.info(&format!(
         "replaced the images of {} of {} rows ({} noise); {} pairs are now mismatched",
         s.chosen,
@@ -67,9 +67,19 @@ pub fn run(a: CorruptArgs, rep: &Reporter) -> Result<()> {
         a.mode.name(),
         s.noisy
     ));
-    println!(
-        "{}",
-        serde_json::json!({ "out": a.out.display().to_string(), "rows": s.rows, "chosen": s.chosen, "noisy": s.noisy })
-    );
-    Ok(())
+    super::print_summary(&CorruptPrinted {
+        out: a.out.display().to_string(),
+        rows: s.rows,
+        chosen: s.chosen,
+        noisy: s.noisy,
+    })
+}
+
+/// What `corrupt` prints on stdout.
+#[derive(serde::Serialize)]
+struct CorruptPrinted {
+    out: String,
+    rows: usize,
+    chosen: usize,
+    noisy: usize,
 }

@@ -4,12 +4,11 @@
 //! `scripts/device_check.sh` records it on the GPU machine.
 
 use clap::Args;
-use serde_json::json;
 
-use crate::cuda_libs::{self, Inputs};
-use crate::device::{self, DRIVER};
 use crate::error::Result;
-use crate::progress::Reporter;
+use crate::runtime::cuda_libs::{self, Inputs};
+use crate::runtime::device::{self, DRIVER};
+use crate::runtime::progress::Reporter;
 
 /// Say where the CUDA libraries would be loaded from, and load them.
 #[derive(Debug, Args)]
@@ -31,14 +30,25 @@ pub fn run(a: CudaLibsArgs, _rep: &Reporter) -> Result<()> {
         .flat_map(|f| f.files.iter().map(|p| p.display().to_string()))
         .collect();
     if a.json {
-        let v = json!({
-            "built_with_cuda": cfg!(feature = "cuda"),
-            "driver": match &driver { Ok(()) => json!({"loaded": true}), Err(e) => json!({"loaded": false, "error": e}) },
-            "libraries": match &loaded { Ok(from) => json!({"loaded": true, "from": from, "files": files}), Err(e) => json!({"loaded": false, "error": e}) },
-            "looked": search.looked,
+        let outcome = |r: std::result::Result<(), &String>| Load {
+            loaded: r.is_ok(),
+            error: r.err().cloned(),
+            from: None,
+            files: None,
+        };
+        return super::print_summary(&CudaLibsPrinted {
+            built_with_cuda: cfg!(feature = "cuda"),
+            driver: outcome(driver.as_ref().map(|_| ())),
+            libraries: match &loaded {
+                Ok(from) => Load {
+                    from: Some(from.clone()),
+                    files: Some(files),
+                    ..outcome(Ok(()))
+                },
+                Err(e) => outcome(Err(e)),
+            },
+            looked: &search.looked,
         });
-        println!("{v}");
-        return Ok(());
     }
     let mut out = String::new();
     out.push_str(&format!(
@@ -67,4 +77,25 @@ pub fn run(a: CudaLibsArgs, _rep: &Reporter) -> Result<()> {
     }
     print!("{out}");
     Ok(())
+}
+
+/// What `cuda-libs --json` prints on stdout.
+#[derive(serde::Serialize)]
+struct CudaLibsPrinted<'a> {
+    built_with_cuda: bool,
+    driver: Load,
+    libraries: Load,
+    looked: &'a [String],
+}
+
+/// Whether a library loaded, and from where or why not.
+#[derive(serde::Serialize)]
+struct Load {
+    loaded: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    from: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    files: Option<Vec<String>>,
 }

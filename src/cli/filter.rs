@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
+use crate::curation::threshold::{Keep, Ranked};
 use crate::data;
 use crate::engine::{FingerprintCheck, LabelIndex};
 use crate::error::{Error, Result};
-use crate::progress::Reporter;
-use crate::threshold::Ranked;
+use crate::runtime::progress::Reporter;
 
 use super::threshold::ThresholdArgs;
 use super::{DataArgs, ShardArgs};
@@ -92,25 +92,6 @@ fn check_engine(engine: FilterEngine) -> Result<()> {
     Ok(())
 }
 
-/// The rule that decides which rows are kept.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Rule {
-    /// The labels' own is_clean.
-    IsClean,
-    /// A cut resolved on the labels' clean_prob (ties by similarity).
-    Cut(crate::threshold::Cut),
-}
-
-/// How users read a rule: in the log line and the filtered file's metadata.
-impl std::fmt::Display for Rule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Rule::IsClean => write!(f, "is_clean from the labels"),
-            Rule::Cut(c) => write!(f, "{}", c.summary()),
-        }
-    }
-}
-
 pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
     a.threshold.rule()?;
     check_engine(a.engine)?;
@@ -123,37 +104,18 @@ pub fn run(a: FilterArgs, rep: &Reporter) -> Result<()> {
 
 /// The rule of the flags, resolved on `pairs` (every scored row's
 /// clean_prob and similarity), which are read only when a rule is given.
-fn rule_of(a: &FilterArgs, pairs: impl FnOnce() -> Result<Vec<Ranked>>) -> Result<Rule> {
+fn rule_of(a: &FilterArgs, pairs: impl FnOnce() -> Result<Vec<Ranked>>) -> Result<Keep> {
     Ok(match a.threshold.rule()? {
-        Some(rule) => Rule::Cut(rule.resolve(&pairs()?)),
-        None => Rule::IsClean,
+        Some(rule) => Keep::Cut(rule.resolve(&pairs()?)),
+        None => Keep::IsClean,
     })
 }
 
-/// Whether `rule` keeps the row labelled `l`.
-fn keeps(rule: Rule, l: &data::LabelRow) -> bool {
-    match rule {
-        Rule::IsClean => l.is_clean,
-        Rule::Cut(c) => c.keeps(l.clean_prob, l.similarity),
-    }
-}
-
-fn filter_metadata(labels: &Path, rule: Rule) -> BTreeMap<String, String> {
-    let mut meta = BTreeMap::new();
-    meta.insert(
-        "ncclean.version".to_string(),
-        env!("CARGO_PKG_VERSION").to_string(),
-    );
-    meta.insert(
-        "ncclean.build".to_string(),
-        crate::build_info::current().json().to_string(),
-    );
-    meta.insert(
-        "ncclean.filter.labels".to_string(),
-        labels.display().to_string(),
-    );
-    meta.insert("ncclean.filter.rule".to_string(), rule.to_string());
-    meta
+fn filter_metadata(labels: &Path, rule: Keep) -> BTreeMap<String, String> {
+    let mut meta = crate::data::Metadata::of_build();
+    meta.put("filter.labels", labels.display().to_string());
+    meta.put("filter.rule", rule.to_string());
+    meta.into_map()
 }
 
 /// Join `index` to `input` by key under `check`, and write the filtered
@@ -165,17 +127,17 @@ fn write_joined(
     input: &data::InputSet,
     index: &LabelIndex<'_>,
     check: &FingerprintCheck,
-    rule: Rule,
+    rule: Keep,
     out: &Path,
     format: data::OutputFormat,
     labels_path: &Path,
     one_output: bool,
 ) -> Result<(data::FilterSummary, crate::engine::Joined)> {
-    let joined = index.join(input, check.positional(), |l| keeps(rule, l))?;
+    let joined = index.join(input, check.positional(), |l| rule.keeps(l))?;
     // One labels file serves many shards in --out-dir mode: there, keys of
     // other shards are expected.
     if joined.unmatched > 0 && one_output {
-        crate::progress::warn_once(&format!(
+        crate::runtime::progress::warn_once(&format!(
             "{} labelled keys are not in this input (e.g. {}); the labels cover more data than was given",
             joined.unmatched,
             joined
@@ -219,7 +181,7 @@ fn write_polars(
     input: &data::InputSet,
     index: &LabelIndex<'_>,
     joined: &crate::engine::Joined,
-    rule: Rule,
+    rule: Keep,
     out: &Path,
     format: data::OutputFormat,
     meta: &BTreeMap<String, String>,
@@ -230,7 +192,7 @@ fn write_polars(
             out.display()
         )));
     }
-    let keep_label: Vec<bool> = index.labels().iter().map(|l| keeps(rule, l)).collect();
+    let keep_label: Vec<bool> = index.labels().iter().map(|l| rule.keeps(l)).collect();
     #[cfg(feature = "polars")]
     return crate::engine::PolarsFilter {
         input,
@@ -284,10 +246,10 @@ fn run_one(a: &FilterArgs, out: &Path, rep: &Reporter) -> Result<()> {
     // the labels) with the filtered subset: nothing to filter again from.
     let mut read: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
     read.push(a.labels.clone());
-    crate::rundir::check_not_an_input(out, &read, "--out")?;
-    crate::rundir::check_not_in_input_dir(out, &a.data.data, "--out")?;
+    crate::run::dir::check_not_an_input(out, &read, "--out")?;
+    crate::run::dir::check_not_in_input_dir(out, &a.data.data, "--out")?;
     if let Some(path) = &a.uids_out {
-        crate::rundir::check_not_an_input(path, &read, "--uids-out")?;
+        crate::run::dir::check_not_an_input(path, &read, "--uids-out")?;
     }
     let format = data::OutputFormat::choose(&input, out, a.format);
     check_all_rows(a, format, out)?;
@@ -307,18 +269,21 @@ fn run_one(a: &FilterArgs, out: &Path, rep: &Reporter) -> Result<()> {
         "kept {} of {} rows ({rule})",
         s.rows_out, s.rows_in
     ));
-    println!(
-        "{}",
-        serde_json::json!({ "out": out.display().to_string(), "rows_in": s.rows_in, "rows_out": s.rows_out, "dropped": s.dropped })
-    );
+    super::print_summary(&FilterPrinted {
+        out: out.display().to_string(),
+        rows_in: s.rows_in,
+        rows_out: s.rows_out,
+        dropped: s.dropped,
+    })?;
     s.check(out)
 }
 
-/// sha256 of a file's bytes, read a MiB at a time.
-fn file_sha256(path: &Path) -> Result<String> {
+/// sha256 of a labels file's bytes (what a filtered shard was made from),
+/// read a MiB at a time.
+fn labels_file_sha256(path: &Path) -> Result<String> {
     let f = std::fs::File::open(path)
         .map_err(|e| Error::InvalidInput(format!("{}: cannot open it ({e})", path.display())))?;
-    Ok(crate::hex::sha256_hex_of(f)
+    Ok(crate::runtime::hex::sha256_hex_of(f)
         .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?)
 }
 
@@ -334,11 +299,11 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         ));
     }
     let shards = a.shards.select(&a.data.data, a.data.discovery())?;
-    crate::shards::prepare_out_dir(dir, &shards)?;
+    crate::run::shards::prepare_out_dir(dir, &shards)?;
     let per_shard = a.labels.is_dir();
     let labels_of = |stem: &str| -> PathBuf {
         if per_shard {
-            crate::shards::output_path(&a.labels, stem)
+            crate::run::shards::output_path(&a.labels, stem)
         } else {
             a.labels.clone()
         }
@@ -373,10 +338,10 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         }
     })?;
     let single_sha = match &single {
-        Some(_) => Some(file_sha256(&a.labels)?),
+        Some(_) => Some(labels_file_sha256(&a.labels)?),
         None => None,
     };
-    let summary = crate::shards::run(
+    let summary = crate::run::shards::run(
         dir,
         &shards,
         "filter",
@@ -389,7 +354,7 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         |s| {
             let sha = match &single_sha {
                 Some(sha) => sha.clone(),
-                None => file_sha256(&labels_of(&s.stem))?,
+                None => labels_file_sha256(&labels_of(&s.stem))?,
             };
             Ok(format!("{rule}; labels sha256 {sha}"))
         },
@@ -399,57 +364,13 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         },
         rep,
         |shard| {
-            let labels_path = labels_of(&shard.shard.stem);
-            let format = shard_format(a.format, &shard.shard.path);
-            check_all_rows(a, format, &shard.path)?;
-            let (s, _) = match &single_index {
-                Some(index) => {
-                    // The labels' fingerprint covers every shard together.
-                    let check = FingerprintCheck::Unknown(
-                        "one labels file for many shards carries the fingerprint of them all together, not of one shard".into(),
-                    );
-                    write_joined(
-                        a,
-                        shard.input,
-                        index,
-                        &check,
-                        rule,
-                        &shard.path,
-                        format,
-                        &labels_path,
-                        false,
-                    )?
-                }
-                None => {
-                    let (labels, meta) = data::read_labels(&labels_path)?;
-                    let index = LabelIndex::new(&labels)?;
-                    let check = FingerprintCheck::of(shard.input, &meta)?;
-                    if check != FingerprintCheck::Same {
-                        crate::progress::warn_once(&format!(
-                            "{}: {check}",
-                            shard.shard.path.display()
-                        ));
-                    }
-                    write_joined(
-                        a,
-                        shard.input,
-                        &index,
-                        &check,
-                        rule,
-                        &shard.path,
-                        format,
-                        &labels_path,
-                        true,
-                    )?
-                }
-            };
-            Ok(crate::shards::Counts {
-                rows: s.rows_in,
-                usable: s.rows_in,
-                skipped: s.dropped,
-                kept: s.rows_out,
-                noisy: 0,
-            })
+            filter_shard(
+                a,
+                shard,
+                single_index.as_ref(),
+                rule,
+                &labels_of(&shard.shard.stem),
+            )
         },
     )?;
     if let Some(path) = &a.uids_out {
@@ -461,14 +382,15 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
         "{} shards: {} filtered now, {} already done; kept {} of {} rows ({rule})",
         summary.shards, summary.done, summary.already_done, c.kept, c.rows
     ));
-    println!(
-        "{}",
-        serde_json::json!({
-            "out_dir": dir.display().to_string(), "shards": summary.shards, "done": summary.done,
-            "already_done": summary.already_done, "rows_in": c.rows, "rows_out": c.kept,
-            "dropped": c.skipped,
-        })
-    );
+    super::print_summary(&FilterShardsPrinted {
+        out_dir: dir.display().to_string(),
+        shards: summary.shards,
+        done: summary.done,
+        already_done: summary.already_done,
+        rows_in: c.rows,
+        rows_out: c.kept,
+        dropped: c.skipped,
+    })?;
     if c.skipped > 0 {
         return Err(Error::Partial(format!(
             "{} rows that the labels keep could not be read back from the input and are missing from the shards in {} (the warnings above say which row groups and columns)",
@@ -479,13 +401,96 @@ fn run_shards(a: &FilterArgs, dir: &Path, rep: &Reporter) -> Result<()> {
     Ok(())
 }
 
+/// `--out-dir`: filter one shard with `rule`, joined by key to the one
+/// labels file's `single` index, or else to its own labels at
+/// `labels_path`.
+fn filter_shard(
+    a: &FilterArgs,
+    shard: &crate::run::shards::ShardOutput,
+    single: Option<&LabelIndex<'_>>,
+    rule: Keep,
+    labels_path: &Path,
+) -> Result<crate::run::shards::Counts> {
+    let format = shard_format(a.format, &shard.shard.path);
+    check_all_rows(a, format, &shard.path)?;
+    let (s, _) = match single {
+        Some(index) => {
+            // The labels' fingerprint covers every shard together.
+            let check = FingerprintCheck::Unknown(
+                "one labels file for many shards carries the fingerprint of them all together, not of one shard".into(),
+            );
+            write_joined(
+                a,
+                shard.input,
+                index,
+                &check,
+                rule,
+                &shard.path,
+                format,
+                labels_path,
+                false,
+            )?
+        }
+        None => {
+            let (labels, meta) = data::read_labels(labels_path)?;
+            let index = LabelIndex::new(&labels)?;
+            let check = FingerprintCheck::of(shard.input, &meta)?;
+            if check != FingerprintCheck::Same {
+                crate::runtime::progress::warn_once(&format!(
+                    "{}: {check}",
+                    shard.shard.path.display()
+                ));
+            }
+            write_joined(
+                a,
+                shard.input,
+                &index,
+                &check,
+                rule,
+                &shard.path,
+                format,
+                labels_path,
+                true,
+            )?
+        }
+    };
+    Ok(crate::run::shards::Counts {
+        rows: s.rows_in,
+        usable: s.rows_in,
+        skipped: s.dropped,
+        kept: s.rows_out,
+        noisy: 0,
+    })
+}
+
+/// What `filter --out FILE` prints on stdout.
+#[derive(serde::Serialize)]
+struct FilterPrinted {
+    out: String,
+    rows_in: usize,
+    rows_out: usize,
+    dropped: usize,
+}
+
+/// What `filter --out-dir DIR` prints on stdout.
+#[derive(serde::Serialize)]
+struct FilterShardsPrinted {
+    out_dir: String,
+    shards: usize,
+    done: usize,
+    already_done: usize,
+    rows_in: usize,
+    rows_out: usize,
+    dropped: usize,
+}
+
 /// `--uids-out` with `--out-dir`: the keys of every filtered shard in
 /// `dir` (those finished by an earlier run included), read back from the
 /// outputs, which hold exactly the kept rows.
 fn write_shard_uids(
     a: &FilterArgs,
     dir: &Path,
-    shards: &[crate::shards::Shard],
+    shards: &[crate::run::shards::Shard],
     path: &Path,
 ) -> Result<usize> {
     let outputs: Vec<PathBuf> = shards
@@ -495,7 +500,7 @@ fn write_shard_uids(
                 data::OutputFormat::Tar => "tar",
                 data::OutputFormat::Parquet => "parquet",
             };
-            crate::shards::output_path_as(dir, &s.stem, ext)
+            crate::run::shards::output_path_as(dir, &s.stem, ext)
         })
         .collect();
     let out = data::InputSet::open(&outputs, &a.data.column_options())?;
@@ -531,27 +536,4 @@ fn shard_format(explicit: Option<data::OutputFormat>, shard: &Path) -> data::Out
             data::OutputFormat::Parquet
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::threshold::Rule as ThresholdRule;
-
-    #[test]
-    fn rules_read_as_sentences_not_debug_values() {
-        let pairs = Ranked::pairs(&[0.9, 0.1], &[]);
-        let c = ThresholdRule::KeepFraction(0.5).resolve(&pairs);
-        let s = Rule::Cut(c).to_string();
-        assert!(
-            s.starts_with("keep the top 50% -> keeping clean_prob >= 0.9000: 1 of 2 pairs"),
-            "{s}"
-        );
-        assert!(!s.contains("Cut("), "{s}");
-        let none = ThresholdRule::KeepFraction(0.0).resolve(&pairs);
-        assert!(Rule::Cut(none)
-            .to_string()
-            .contains("keeping no pair: 0 of 2"));
-        assert_eq!(Rule::IsClean.to_string(), "is_clean from the labels");
-    }
 }

@@ -4,11 +4,12 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::data::{ImageKind, ImageValue, TextEmbeddings};
-use crate::encoders::{ImageEncoder, TextEncoder};
+use crate::data::TextEmbeddings;
 use crate::engine::{self, FitOptions};
 use crate::error::{invalid, Error, Result};
-use crate::progress::Reporter;
+use crate::runtime::progress::Reporter;
+use crate::towers::choice::TowerFlags;
+use crate::towers::encoders::TextEncoder;
 
 use super::threshold::ThresholdArgs;
 use super::{CacheArgs, DataArgs, EncoderArgs, ImageArgs, OutcomeArgs};
@@ -37,7 +38,7 @@ pub struct FitArgs {
     /// It is replaced as a whole when the new run is complete (until then the
     /// previous run stays readable); it must be new, empty or an earlier run.
     /// `score` and `report` read ./ncclean-run when not told otherwise.
-    #[arg(long, value_name = "DIR", default_value = crate::run_inputs::DEFAULT_RUN_DIR)]
+    #[arg(long, value_name = "DIR", default_value = crate::run::inputs::DEFAULT_RUN_DIR)]
     pub out_dir: PathBuf,
     /// Replace --out-dir even if it holds files that are not an ncclean run
     /// (they are deleted) or lies inside an input directory.
@@ -135,11 +136,11 @@ fn overrides(a: &FitArgs) -> Result<toml::Table> {
 
 pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     let rule = a.threshold.rule()?;
-    let chosen = crate::device::choose(&a.device)?;
+    let chosen = crate::runtime::device::choose(&a.device)?;
     let user = match &a.config {
-        Some(p) => Some(crate::small_file::read_text(
+        Some(p) => Some(crate::runtime::small_file::read_text(
             p,
-            crate::small_file::CONFIG_LIMIT,
+            crate::runtime::small_file::CONFIG_LIMIT,
             "config file",
         )?),
         None => None,
@@ -167,51 +168,17 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     }
     let input = a.data.open_options(&columns)?;
     let e = &a.encoders;
-    let mut chosen_towers = (
-        e.image_encoder,
-        e.text_encoder,
-        e.image_model.clone(),
-        e.text_model.clone(),
-    );
-    // Photos and no tower named: the toy towers would learn little from
-    // them, so installed pretrained towers are taken, and the run says so.
-    let unnamed = e.image_encoder.is_none()
-        && e.text_encoder.is_none()
-        && e.image_model.is_none()
-        && e.text_model.is_none();
-    let photo = if unnamed && input.columns.image_kind != ImageKind::Embedding {
-        first_photo(&input)
-    } else {
-        None
-    };
-    let auto = photo.and_then(|_| crate::towers::auto_towers(&crate::towers::discover().found));
-    if let (Some((w, h)), Some(t)) = (photo, &auto) {
-        rep.info(&format!(
-            "towers: the first image is a {w}×{h} photo, so fit uses the pretrained towers \
-             installed here: {} (--image-encoder demo-cnn keeps the toy towers)",
-            t.flags
-        ));
-        chosen_towers = (
-            Some(t.image),
-            Some(t.text),
-            Some(t.image_model.clone()),
-            t.text_model.clone(),
-        );
-    }
-    let (image_encoder, text_encoder, image_model, text_model) = chosen_towers;
-    let mut encoders = crate::encoders::EncoderSpec::resolve(
+    let encoders = crate::towers::choice::choose(
         &input,
-        image_encoder,
-        text_encoder,
-        image_model,
-        text_model,
+        &TowerFlags {
+            image_encoder: e.image_encoder,
+            text_encoder: e.text_encoder,
+            image_model: e.image_model.clone(),
+            text_model: e.text_model.clone(),
+            tower_dtype: e.tower_dtype,
+        },
+        rep,
     )?;
-    encoders.tower_dtype = a.encoders.tower_dtype;
-    if image_encoder.is_none() && encoders.image == ImageEncoder::DemoCnn {
-        if let Some((w, h)) = photo.or_else(|| first_photo(&input)) {
-            crate::progress::warn_once(&crate::towers::toy_tower_warning(w, h));
-        }
-    }
     let opts = FitOptions {
         encoders,
         cache: a.cache.options()?,
@@ -222,7 +189,11 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         resume: a.resume,
         force: a.force,
         data_args: a.data.data.clone(),
-        run_inputs: crate::run_inputs::RunInputs::of(&input, &a.data)?,
+        run_inputs: crate::run::inputs::RunInputs::of(
+            &input,
+            a.data.caption_from.clone(),
+            a.data.key_from.clone(),
+        )?,
         rule,
         sample: a.sample,
     };
@@ -238,18 +209,20 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         s.train_seconds,
         s.score_pairs_per_second
     ));
-    println!(
-        "{}",
-        serde_json::json!({
-            "out_dir": a.out_dir.display().to_string(),
-            "rows": s.rows, "usable": s.pairs, "skipped": s.skipped, "clean": s.clean,
-            "estimated_noise_rate": s.estimated_noise_rate,
-            "min_prob": s.cut.min_prob, "min_similarity": s.cut.min_similarity,
-            "expected_precision": s.cut.expected_precision,
-            "warnings": s.warnings,
-            "train_seconds": s.train_seconds, "score_pairs_per_second": s.score_pairs_per_second,
-        })
-    );
+    super::print_summary(&FitPrinted {
+        out_dir: a.out_dir.display().to_string(),
+        rows: s.rows,
+        usable: s.pairs,
+        skipped: s.skipped,
+        clean: s.clean,
+        estimated_noise_rate: s.estimated_noise_rate,
+        min_prob: s.cut.min_prob,
+        min_similarity: s.cut.min_similarity,
+        expected_precision: s.cut.expected_precision,
+        warnings: &s.warnings,
+        train_seconds: s.train_seconds,
+        score_pairs_per_second: s.score_pairs_per_second,
+    })?;
     a.outcome.check(s.rows, s.skipped)?;
     crate::data::FilterSummary {
         rows_in: s.rows,
@@ -259,17 +232,19 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     .check(&a.out_dir.join("filtered.parquet"))
 }
 
-/// The size of the first image when it looks like a photo (JPEG or WebP,
-/// at least 100 pixels on its short side): the toy towers' default is for
-/// the synthetic demo's small PNGs.
-fn first_photo(input: &crate::data::InputSet) -> Option<(u32, u32)> {
-    let rows = input.pairs(1).next()?.ok()?;
-    let bytes = match rows.first()?.image.as_ref()? {
-        ImageValue::Bytes(b) => b.clone(),
-        ImageValue::Path(p) => crate::images::read_file(p, input.image_limits.max_bytes).ok()?,
-        ImageValue::Embedding(_) => return None,
-    };
-    let (format, w, h) = crate::images::header(&bytes)?;
-    let photo = matches!(format, image::ImageFormat::Jpeg | image::ImageFormat::WebP);
-    (photo && w.min(h) >= 100).then_some((w, h))
+/// What `fit` prints on stdout.
+#[derive(serde::Serialize)]
+struct FitPrinted<'a> {
+    out_dir: String,
+    rows: usize,
+    usable: usize,
+    skipped: usize,
+    clean: usize,
+    estimated_noise_rate: f64,
+    min_prob: f64,
+    min_similarity: Option<f64>,
+    expected_precision: f64,
+    warnings: &'a [String],
+    train_seconds: f64,
+    score_pairs_per_second: f64,
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use crate::error::{invalid, Error, Result};
-use crate::progress::Reporter;
+use crate::runtime::progress::Reporter;
 
 /// Measure a GPU machine (issue #13); writes one JSON document.
 #[derive(Debug, Args)]
@@ -32,7 +32,7 @@ pub struct GpuCheckArgs {
 }
 
 pub fn run(a: GpuCheckArgs, rep: &Reporter) -> Result<()> {
-    let chosen = crate::device::choose(if a.cpu_only { "cpu" } else { &a.device })?;
+    let chosen = crate::runtime::device::choose(if a.cpu_only { "cpu" } else { &a.device })?;
     if !a.cpu_only && !chosen.device.is_cuda() {
         return Err(Error::Usage(format!(
             "gpu-check needs a CUDA device ({}); pass --cpu-only to check the logic on the CPU",
@@ -41,7 +41,7 @@ pub fn run(a: GpuCheckArgs, rep: &Reporter) -> Result<()> {
     }
     rep.info(&chosen.line);
     let scratch = Scratch::new()?;
-    let opts = crate::gpu_check::CheckOptions {
+    let opts = crate::runtime::gpu_check::CheckOptions {
         device_name: chosen
             .line
             .strip_prefix("device: ")
@@ -58,7 +58,7 @@ pub fn run(a: GpuCheckArgs, rep: &Reporter) -> Result<()> {
             .or_else(ncclean_models::hf_dir::default_minilm_dir),
         scratch: scratch.0.clone(),
     };
-    let report = crate::gpu_check::run(&opts, &|m| rep.info(m))?;
+    let report = crate::runtime::gpu_check::run(&opts, &|m| rep.info(m))?;
     let text = serde_json::to_string_pretty(&report).map_err(anyhow::Error::from)?;
     std::fs::write(&a.json, text + "\n")
         .map_err(|e| invalid(format!("cannot write {}: {e}", a.json.display())))?;

@@ -6,7 +6,7 @@ use clap::Args;
 
 use crate::data::TextEmbeddings;
 use crate::error::Result;
-use crate::progress::Reporter;
+use crate::runtime::progress::Reporter;
 
 use super::{DataArgs, ImageArgs};
 
@@ -32,49 +32,20 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
         opts.text_embeddings = TextEmbeddings::IfPresent;
     }
     let input = a.data.open_options(&opts)?;
-    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
-    let mut unusable = 0usize;
-    let mut examples: Vec<(String, String)> = Vec::new();
-    // Every key, to find duplicates: labels are joined back by key.
-    let mut keys: Vec<String> = Vec::with_capacity(input.num_rows());
-    let mut note = |key: &str, why: &str| {
-        unusable += 1;
-        // Group reasons by their first clause so counts stay readable (a
-        // damaged row group's reason also loses its parenthesised error).
-        let clause = why.split(':').next().unwrap_or(why);
-        let group = clause
-            .split(" (")
-            .next()
-            .unwrap_or(clause)
-            .trim()
-            .to_string();
-        *reasons.entry(group).or_default() += 1;
-        if examples.len() < 5 {
-            examples.push((key.to_string(), why.to_string()));
-        }
-    };
-    if a.no_decode {
-        for batch in input.pairs(crate::engine::READ_BATCH_ROWS) {
-            for r in batch? {
-                if let Some(p) = &r.problem {
-                    note(&r.key, p);
-                }
-                keys.push(r.key);
-            }
-        }
-    } else {
-        for r in crate::engine::scan(&input, rep)? {
-            if let Some(e) = &r.error {
-                note(&r.key, e);
-            }
-            keys.push(r.key);
-        }
-    }
-    let files: Vec<serde_json::Value> = input
+    let crate::engine::inspect::Survey {
+        unusable,
+        reasons,
+        examples,
+        dups,
+    } = crate::engine::inspect::survey(&input, !a.no_decode, rep)?;
+    let files: Vec<FileRows> = input
         .files
         .iter()
         .enumerate()
-        .map(|(i, f)| serde_json::json!({ "path": input.display_name(i), "rows": f.num_rows }))
+        .map(|(i, f)| FileRows {
+            path: input.display_name(i),
+            rows: f.num_rows,
+        })
         .collect();
     let schema: Vec<String> = input.files[0]
         .schema
@@ -83,26 +54,23 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
         .map(|f| format!("{}: {}", f.name(), f.data_type()))
         .collect();
     let total = input.num_rows();
-    let dups = crate::data::DuplicateKeys::of(keys.iter().map(String::as_str));
     if a.json {
-        let v = serde_json::json!({
-            "files": files,
-            "schema": schema,
-            "columns": input.columns,
-            "format": input.files[0].format,
-            "embedding_dim": input.embedding_dim,
-            "text_embedding_dim": input.text_embedding_dim,
-            "rows": total,
-            "usable": total - unusable,
-            "unusable": unusable,
-            "unusable_reasons": reasons,
-            "images_decoded": !a.no_decode,
-            "duplicate_keys": dups.repeats,
-            "distinct_keys": dups.distinct,
-            "duplicate_key_examples": dups.examples,
+        return super::print_summary(&InspectPrinted {
+            files: &files,
+            schema: &schema,
+            columns: &input.columns,
+            format: &input.files[0].format,
+            embedding_dim: input.embedding_dim,
+            text_embedding_dim: input.text_embedding_dim,
+            rows: total,
+            usable: total - unusable,
+            unusable,
+            unusable_reasons: &reasons,
+            images_decoded: !a.no_decode,
+            duplicate_keys: dups.repeats,
+            distinct_keys: dups.distinct,
+            duplicate_key_examples: &dups.examples,
         });
-        println!("{v}");
-        return Ok(());
     }
     println!("files:");
     for (i, f) in input.files.iter().enumerate() {
@@ -159,4 +127,30 @@ pub fn run(a: InspectArgs, rep: &Reporter) -> Result<()> {
         println!("(images were not decoded: run without --no-decode to find undecodable images)");
     }
     Ok(())
+}
+
+/// One input file in `inspect --json`.
+#[derive(serde::Serialize)]
+struct FileRows {
+    path: String,
+    rows: usize,
+}
+
+/// What `inspect --json` prints on stdout.
+#[derive(serde::Serialize)]
+struct InspectPrinted<'a> {
+    files: &'a [FileRows],
+    schema: &'a [String],
+    columns: &'a crate::data::ColumnMap,
+    format: &'a crate::data::FileFormat,
+    embedding_dim: Option<usize>,
+    text_embedding_dim: Option<usize>,
+    rows: usize,
+    usable: usize,
+    unusable: usize,
+    unusable_reasons: &'a BTreeMap<String, usize>,
+    images_decoded: bool,
+    duplicate_keys: usize,
+    distinct_keys: usize,
+    duplicate_key_examples: &'a [String],
 }

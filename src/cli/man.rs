@@ -4,7 +4,7 @@
 use clap::{Args, CommandFactory};
 
 use crate::error::{Error, Result};
-use crate::progress::Reporter;
+use crate::runtime::progress::Reporter;
 
 /// Arguments of `ncclean man`.
 #[derive(Debug, Args)]

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
+use crate::data::images::ImageLimits;
 use crate::data::{ColumnOptions, Preset, TextEmbeddings};
 use crate::error::{Error, Result};
-use crate::images::ImageLimits;
-use crate::progress::{LogFormat, Reporter};
+use crate::runtime::progress::{LogFormat, Reporter};
 
 mod completions;
 mod corrupt;
@@ -201,12 +201,6 @@ impl DataArgs {
         crate::data::InputSet::open(&self.data, &self.column_options())
     }
 
-    /// Open and validate the inputs, reading their images within `images`.
-    pub fn open_with(&self, images: &ImageArgs) -> Result<crate::data::InputSet> {
-        self.check_given()?;
-        self.open_options(&self.options_with(images))
-    }
-
     /// Open and validate the inputs with `opts` (these flags' options,
     /// completed by the caller).
     pub fn open_options(&self, opts: &ColumnOptions) -> Result<crate::data::InputSet> {
@@ -220,6 +214,27 @@ impl DataArgs {
             image_limits: images.limits(),
             ..self.column_options()
         }
+    }
+
+    /// Fill the flags that were not given with what `fit` recorded: the
+    /// files, and for parquet the columns it resolved and the image root,
+    /// for tar shards the caption and key sources (each format refuses the
+    /// other's flags). Returns the number of files.
+    pub fn fill_from(&mut self, recorded: crate::run::inputs::Recorded) -> usize {
+        let (record, columns) = (recorded.inputs, recorded.columns);
+        let tar = record.is_tar();
+        self.data = record.files;
+        if tar {
+            self.caption_from = self.caption_from.take().or(record.caption_from);
+            self.key_from = self.key_from.take().or(record.key_from);
+        } else {
+            self.image_col.get_or_insert(columns.image);
+            self.caption_col.get_or_insert(columns.caption);
+            self.key_col = self.key_col.take().or(columns.key);
+            self.text_emb_col = self.text_emb_col.take().or(columns.text_embedding);
+            self.image_root = self.image_root.take().or(record.image_root);
+        }
+        self.data.len()
     }
 
     /// DATA is optional to clap (`--files-from` can replace it), so its
@@ -271,12 +286,12 @@ impl ShardArgs {
         &self,
         data: &[PathBuf],
         how: crate::data::Discovery,
-    ) -> Result<Vec<crate::shards::Shard>> {
-        crate::shards::select(
+    ) -> Result<Vec<crate::run::shards::Shard>> {
+        crate::run::shards::select(
             data,
             how,
             self.files_from.as_deref(),
-            &crate::shards::Split::all(),
+            &crate::run::shards::Split::all(),
         )
     }
 
@@ -285,15 +300,17 @@ impl ShardArgs {
         &self,
         data: &[PathBuf],
         how: crate::data::Discovery,
-    ) -> Result<Vec<crate::shards::Shard>> {
-        let split =
-            crate::shards::Split::new(self.num_shards.unwrap_or(1), self.shard_index.unwrap_or(0))?;
-        crate::shards::select(data, how, self.files_from.as_deref(), &split)
+    ) -> Result<Vec<crate::run::shards::Shard>> {
+        let split = crate::run::shards::Split::new(
+            self.num_shards.unwrap_or(1),
+            self.shard_index.unwrap_or(0),
+        )?;
+        crate::run::shards::select(data, how, self.files_from.as_deref(), &split)
     }
 }
 
 /// Limits on reading and decoding images, for the commands that decode
-/// them (see `crate::images`).
+/// them (see `crate::data::images`).
 #[derive(Debug, Clone, Args)]
 pub struct ImageArgs {
     /// Largest image file read from a path column (or image member of a tar
@@ -305,7 +322,7 @@ pub struct ImageArgs {
     /// header) are skipped without being decoded. All decode threads
     /// together hold at most 32 bytes × this of decoded images, however many
     /// cores there are.
-    #[arg(long, value_name = "PIXELS", default_value_t = crate::images::DEFAULT_MAX_IMAGE_PIXELS,
+    #[arg(long, value_name = "PIXELS", default_value_t = crate::data::images::DEFAULT_MAX_IMAGE_PIXELS,
           value_parser = pixel_count)]
     pub max_image_pixels: u64,
     /// Read image paths that are absolute or lead outside the parquet
@@ -369,11 +386,11 @@ pub struct EncoderArgs {
     /// with no tower named, the pretrained towers installed here, CLIP or
     /// MobileNetV2 + MiniLM (`ncclean towers`); else demo-cnn).
     #[arg(long, value_enum)]
-    pub image_encoder: Option<crate::encoders::ImageEncoder>,
+    pub image_encoder: Option<crate::towers::encoders::ImageEncoder>,
     /// Text tower (default: precomputed when --text-emb-col is given; the
     /// installed pretrained one with the image tower's, as above; else demo-bow).
     #[arg(long, value_enum)]
-    pub text_encoder: Option<crate::encoders::TextEncoder>,
+    pub text_encoder: Option<crate::towers::encoders::TextEncoder>,
     /// Image tower weights: MobileNetV2 model.safetensors, or a CLIP model directory / hub id.
     #[arg(long, value_name = "PATH|ID")]
     pub image_model: Option<String>,
@@ -382,8 +399,8 @@ pub struct EncoderArgs {
     pub text_model: Option<String>,
     /// Precision of the frozen MobileNetV2/CLIP towers: auto (f16 on CUDA,
     /// f32 on the CPU), f32, f16 or bf16. MiniLM always runs in f32.
-    #[arg(long, value_enum, default_value_t = crate::encoders::TowerDtype::Auto)]
-    pub tower_dtype: crate::encoders::TowerDtype,
+    #[arg(long, value_enum, default_value_t = crate::towers::encoders::TowerDtype::Auto)]
+    pub tower_dtype: crate::towers::encoders::TowerDtype,
 }
 
 /// When a finished run counts as a partial result.
@@ -427,13 +444,13 @@ impl CacheArgs {
     /// The cache these flags ask for; a cache path that exists as something
     /// other than a directory is refused (exit 2) before any work, instead
     /// of failing once the first feature is stored.
-    pub fn options(&self) -> Result<crate::features::CacheOptions> {
+    pub fn options(&self) -> Result<crate::towers::features::CacheOptions> {
         let dir = if self.no_cache {
             None
         } else {
             self.cache_dir
                 .clone()
-                .or_else(crate::features::CacheOptions::default_dir)
+                .or_else(crate::towers::features::CacheOptions::default_dir)
         };
         if let Some(d) = dir.as_deref().filter(|d| d.exists() && !d.is_dir()) {
             return Err(Error::Usage(format!(
@@ -442,7 +459,7 @@ impl CacheArgs {
                 d.display()
             )));
         }
-        Ok(crate::features::CacheOptions { dir })
+        Ok(crate::towers::features::CacheOptions { dir })
     }
 }
 
@@ -474,9 +491,18 @@ pub fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// Print a command's summary on stdout: one line of JSON with its keys
+/// sorted (through a `Value`, whose maps sort them), as every summary has
+/// always been printed.
+fn print_summary(summary: &impl serde::Serialize) -> Result<()> {
+    let v = serde_json::to_value(summary).map_err(anyhow::Error::from)?;
+    println!("{v}");
+    Ok(())
+}
+
 /// `ncclean --version [--json]`.
 fn print_version(json: bool) -> Result<()> {
-    let build = crate::build_info::current();
+    let build = crate::runtime::build_info::current();
     let text = if json {
         format!("{}\n", build.json())
     } else {

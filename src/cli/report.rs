@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::error::{Error, Result};
-use crate::progress::Reporter;
 use crate::report;
+use crate::runtime::progress::Reporter;
 
 /// Arguments of `ncclean report`.
 #[derive(Debug, Args)]
@@ -37,12 +37,12 @@ pub fn run(a: ReportArgs, rep: &Reporter) -> Result<()> {
             a.per_group
         )));
     }
-    let run = crate::run_inputs::run_dir_or_default(a.run.as_deref(), "`ncclean report DIR`")?;
+    let run = crate::run::inputs::run_dir_or_default(a.run.as_deref(), "`ncclean report DIR`")?;
     let out = a.out.clone().unwrap_or_else(|| run.join("report.html"));
-    crate::temp::check_replaceable(&out, "--out")?;
+    crate::runtime::temp::check_replaceable(&out, "--out")?;
     // The pictures are read back from the files fit was given, by row.
-    if crate::run_inputs::recorded_inputs_changed(&run) == Some(true) {
-        crate::progress::warn_once(&format!(
+    if crate::run::inputs::recorded_inputs_changed(&run) == Some(true) {
+        crate::runtime::progress::warn_once(&format!(
             "the files {}/run.json names as the training data changed since fit (their content \
              differs from the input_fingerprint it records, or one is gone): the report's \
              pictures are read from them by row and may not show the pairs that were scored",

@@ -6,7 +6,7 @@
 //! labels appended to the output as it is scored. Memory follows the block
 //! (at most 65,536 pairs), not the file or the input. The output is one
 //! labels file (`--out`), or one labels file per input shard with
-//! completion markers (`--out-dir`, see [`crate::shards`]). Only `--refit`,
+//! completion markers (`--out-dir`, see [`crate::run::shards`]). Only `--refit`,
 //! whose mixture is fitted on every scored pair, reads the whole input at
 //! once.
 
@@ -15,13 +15,15 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 
-use crate::data::{self, InputSet, LabelRow, LabelsWriter};
-use crate::engine::{join_by_position, Engine, LabelsSummary};
+use crate::data::{self, InputSet, LabelsWriter};
+use crate::engine::score::{
+    refuse_without_signal, score_refit, score_streaming, stream_file, FileWarnings, Scoring,
+};
+use crate::engine::{Engine, LabelsSummary};
 use crate::error::{Error, Result};
-use crate::features::CacheOptions;
-use crate::progress::Reporter;
-use crate::run_inputs::{self, RunInputs};
-use crate::shards::{self, Counts};
+use crate::run::inputs;
+use crate::run::shards;
+use crate::runtime::progress::Reporter;
 
 use super::threshold::ThresholdArgs;
 use super::{CacheArgs, DataArgs, ImageArgs, OutcomeArgs, ShardArgs};
@@ -80,18 +82,18 @@ pub struct ScoreArgs {
 
 pub fn run(mut a: ScoreArgs, rep: &Reporter) -> Result<()> {
     let rule = a.threshold.rule()?;
-    let chosen = crate::device::choose(&a.device)?;
-    let run = run_inputs::run_dir_or_default(a.checkpoint.as_deref(), "--checkpoint DIR")?;
+    let chosen = crate::runtime::device::choose(&a.device)?;
+    let run = inputs::run_dir_or_default(a.checkpoint.as_deref(), "--checkpoint DIR")?;
     let mut engine = Engine::load(&run, &chosen.device)?;
     refuse_without_signal(&engine)?;
     let mut recorded = None;
     if a.data.data.is_empty() && a.shards.files_from.is_none() {
-        let files = RunInputs::fill(&mut a.data, &run)?;
+        let files = a.data.fill_from(inputs::recorded(&run)?);
         rep.info(&format!(
             "no DATA given: scoring the training data of {} ({files} file(s), read as fit read them)",
             run.display()
         ));
-        recorded = run_inputs::recorded_fingerprint(&run);
+        recorded = inputs::recorded_fingerprint(&run);
     }
     if let Some(rule) = rule {
         engine.use_rule(rule)?;
@@ -110,161 +112,19 @@ pub fn run(mut a: ScoreArgs, rep: &Reporter) -> Result<()> {
     }
 }
 
-/// Refuse a checkpoint whose run recorded that the model cannot tell its
-/// training pairs from random pairings (stats.json's `signal`, as runs of
-/// earlier versions were written with): its labels would be at random,
-/// typically every pair clean. Runs without stats.json are not judged.
-fn refuse_without_signal(engine: &Engine) -> Result<()> {
-    let Some(run) = engine
-        .dir
-        .parent()
-        .filter(|_| engine.dir.file_name() == Some(std::ffi::OsStr::new("checkpoint")))
-    else {
-        return Ok(());
-    };
-    let stats = run.join("stats.json");
-    if !stats.is_file() {
-        return Ok(());
+/// Warn when the training data run.json names (scored without DATA) no
+/// longer gives the fingerprint `want` that fit recorded.
+fn warn_if_changed(input: &InputSet, want: &str, engine: &Engine) -> Result<()> {
+    if input.fingerprint()? != want {
+        crate::runtime::progress::warn_once(&format!(
+            "the files run.json names as the training data changed since fit (their \
+             content differs from the input_fingerprint it records): scoring them as they \
+             are now, which is not the data {} was trained on; name the data to score \
+             (DATA) to make that choice explicit",
+            engine.dir.display()
+        ));
     }
-    let bytes = crate::small_file::read(&stats, crate::small_file::RUN_FILE_LIMIT, "run file")?;
-    let recorded = serde_json::from_slice::<serde_json::Value>(&bytes)
-        .ok()
-        .and_then(|v| {
-            serde_json::from_value::<crate::signal::SignalCheck>(v["signal"].clone()).ok()
-        });
-    match recorded {
-        Some(s) if s.no_signal() => Err(crate::error::invalid(format!(
-            "{}: no signal: {} ({}); nothing was scored. Fit again (a lower --lr, or the \
-             method's default) and score with the new run",
-            run.display(),
-            s.no_signal_reason(),
-            stats.display()
-        ))),
-        _ => Ok(()),
-    }
-}
-
-/// Counts of scored labels: `pairs` usable ones, `noisy` of them noisy.
-fn counts(labels: &[LabelRow], pairs: usize, noisy: usize) -> Counts {
-    Counts {
-        rows: labels.len(),
-        usable: pairs,
-        skipped: labels.len() - pairs,
-        kept: labels.iter().filter(|l| l.is_clean).count(),
-        noisy,
-    }
-}
-
-/// Score the one file of `input` a block at a time ([`Engine::score_file`]):
-/// each block's labels go to `out` as they come, and which rows are clean
-/// to `keep` (one flag per row of the file) when given; the file's signal
-/// warning goes to `warnings`. Returns the file's counts, its tally of the
-/// engine's cut and seconds in the model's scoring pass.
-fn stream_file(
-    engine: &Engine,
-    input: &InputSet,
-    cache: &CacheOptions,
-    rep: &Reporter,
-    out: &mut LabelsWriter,
-    mut kept: Option<&mut Kept>,
-    warnings: &mut FileWarnings,
-) -> Result<(Counts, crate::threshold::Tally, f64)> {
-    let mut total = Counts::default();
-    let mut tally = crate::threshold::Tally::default();
-    let mut seconds = 0.0;
-    engine.score_file(input, cache, rep, |block| {
-        out.write(&block.labels)?;
-        if let Some(kept) = kept.as_deref_mut() {
-            kept.add(&block.labels);
-        }
-        total.add(&counts(&block.labels, block.pairs, block.noisy));
-        tally.merge(&block.tally);
-        seconds += block.seconds;
-        if let Some(w) = block.warning {
-            warnings.add(w);
-        }
-        Ok(())
-    })?;
-    Ok((total, tally, seconds))
-}
-
-/// Files whose check against random pairings warned: the first
-/// [`FileWarnings::SHOWN`] are said on stderr as they come, every one is
-/// listed in the summary on stdout.
-#[derive(Default)]
-struct FileWarnings {
-    all: Vec<String>,
-}
-
-impl FileWarnings {
-    /// Warnings said on stderr; more would bury the progress of a
-    /// thousand-shard run.
-    const SHOWN: usize = 5;
-
-    fn add(&mut self, w: String) {
-        if self.all.len() < Self::SHOWN {
-            crate::progress::warn_once(&w);
-        }
-        self.all.push(w);
-    }
-
-    /// Say how many were not shown.
-    fn finish(&self) {
-        if let Some(more) = self.all.len().checked_sub(Self::SHOWN).filter(|&m| m > 0) {
-            let files = if more == 1 { "file" } else { "files" };
-            crate::progress::warn_once(&format!(
-                "{more} more {files} warned as above; the summary on stdout lists every warning \
-                 (\"warnings\")"
-            ));
-        }
-    }
-}
-
-/// What `--filtered` needs of the labels: each row's decision and label
-/// index per file, and the labels indexed. While labels stream past, only
-/// kept rows' values are held, without keys or messages.
-#[derive(Default)]
-struct Kept {
-    keep: Vec<Vec<bool>>,
-    label_of: Vec<Vec<u32>>,
-    labels: Vec<LabelRow>,
-}
-
-impl Kept {
-    /// The next input file, of `rows` rows.
-    fn start_file(&mut self, rows: usize) {
-        self.keep.push(vec![false; rows]);
-        self.label_of.push(vec![crate::engine::NO_LABEL; rows]);
-    }
-
-    /// Labels of the current file.
-    fn add(&mut self, labels: &[LabelRow]) {
-        let (Some(keep), Some(label_of)) = (self.keep.last_mut(), self.label_of.last_mut()) else {
-            return;
-        };
-        for l in labels.iter().filter(|l| l.is_clean) {
-            let row = l.source_row as usize;
-            if let (Some(k), Some(of)) = (keep.get_mut(row), label_of.get_mut(row)) {
-                *k = true;
-                *of = self.labels.len() as u32;
-                self.labels.push(LabelRow {
-                    key: String::new(),
-                    source_file: String::new(),
-                    error: None,
-                    ..*l
-                });
-            }
-        }
-    }
-}
-
-/// The input as a set of its file `i` alone (same columns and limits).
-fn file_of(input: &InputSet, i: usize) -> InputSet {
-    InputSet {
-        files: vec![input.files[i].clone()],
-        fingerprint: Default::default(),
-        ..input.clone()
-    }
+    Ok(())
 }
 
 /// `--out`: one labels file (and `--filtered`), written a file at a time.
@@ -282,22 +142,14 @@ fn run_one(
         .data
         .open_options(&engine.input_options(a.data.options_with(&a.images)))?;
     if let Some(want) = recorded {
-        if input.fingerprint()? != want {
-            crate::progress::warn_once(&format!(
-                "the files run.json names as the training data changed since fit (their \
-                 content differs from the input_fingerprint it records): scoring them as they \
-                 are now, which is not the data {} was trained on; name the data to score \
-                 (DATA) to make that choice explicit",
-                engine.dir.display()
-            ));
-        }
+        warn_if_changed(&input, want, engine)?;
     }
     let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
-    crate::rundir::check_not_an_input(out, &files, "--out")?;
-    crate::rundir::check_not_in_input_dir(out, &a.data.data, "--out")?;
+    crate::run::dir::check_not_an_input(out, &files, "--out")?;
+    crate::run::dir::check_not_in_input_dir(out, &a.data.data, "--out")?;
     if let Some(f) = &a.filtered {
-        crate::rundir::check_not_an_input(f, &files, "--filtered")?;
-        crate::rundir::check_not_in_input_dir(f, &a.data.data, "--filtered")?;
+        crate::run::dir::check_not_an_input(f, &files, "--filtered")?;
+        crate::run::dir::check_not_in_input_dir(f, &a.data.data, "--filtered")?;
         // The filtered file holds every input column: differing shards are
         // refused before anything is scored.
         data::check_same_schema(&input)?;
@@ -305,71 +157,28 @@ fn run_one(
     let cache = a.cache.options()?;
     // Both outputs are finished under temporary names, then renamed in
     // together: an interrupt never leaves new labels beside an old filter.
-    let labels_out = crate::temp::Pending::new(out)?;
+    let labels_out = crate::runtime::temp::Pending::new(out)?;
     let mut writer = LabelsWriter::create_in(labels_out.tmp_path())?;
-    let mut total = Counts::default();
-    let mut tally = crate::threshold::Tally::default();
-    let mut seconds = 0.0;
-    // `--filtered`: each file's decisions and kept rows' label values.
-    let mut kept = Kept::default();
     let mut warnings = FileWarnings::default();
-    if a.refit {
-        // The refitted mixture needs every pair's statistic at once.
-        let prepared = engine.prepare(&input, &cache, rep)?;
-        let scored = engine.score_rows(&input, &prepared, true, rep)?;
-        // Each file's pairs and cut, found in one pass over the pairs.
-        let files = input.files.len();
-        let mut pairs_of = vec![Vec::new(); files];
-        let mut tally_of = vec![crate::threshold::Tally::default(); files];
-        for (k, &row) in prepared.ok.iter().enumerate() {
-            let f = prepared.rows[row].file;
-            pairs_of[f].push(k);
-            let l = &scored.labels[row];
-            if let Some(p) = l.clean_prob {
-                let pair = crate::threshold::Ranked::new(p, l.similarity);
-                tally_of[f].add(&[pair], engine.cut().bound());
-            }
-        }
-        for (f, (pairs, tally)) in pairs_of.iter().zip(&tally_of).enumerate() {
-            let name = input.display_name(f);
-            if let Some(w) = engine.signal_warning(&name, &prepared.inputs, pairs, tally)? {
-                warnings.add(w);
-            }
-        }
-        writer.write(&scored.labels)?;
-        let noisy = (scored.estimated_noise_rate * scored.pairs as f64).round() as usize;
-        total = counts(&scored.labels, scored.pairs, noisy);
-        tally.merge(&scored.tally);
-        seconds = scored.seconds;
-        if a.filtered.is_some() {
-            let joined = join_by_position(&input, &scored.labels, |l| l.is_clean, true)?;
-            kept = Kept {
-                keep: joined.keep,
-                label_of: joined.label_of,
-                labels: scored.labels,
-            };
-        }
+    let score = if a.refit {
+        score_refit
     } else {
-        for i in 0..input.files.len() {
-            let piece = file_of(&input, i);
-            let filtered = a.filtered.is_some().then(|| {
-                kept.start_file(piece.num_rows());
-                &mut kept
-            });
-            let (c, t, s) = stream_file(
-                engine,
-                &piece,
-                &cache,
-                rep,
-                &mut writer,
-                filtered,
-                &mut warnings,
-            )?;
-            total.add(&c);
-            tally.merge(&t);
-            seconds += s;
-        }
-    }
+        score_streaming
+    };
+    let Scoring {
+        total,
+        tally,
+        seconds,
+        kept,
+    } = score(
+        engine,
+        &input,
+        &cache,
+        rep,
+        &mut writer,
+        a.filtered.is_some(),
+        &mut warnings,
+    )?;
     let cut = engine.cut_over(&tally);
     let noise = cut.estimated_noise_rate;
     let metadata = engine.metadata(&LabelsSummary {
@@ -385,7 +194,7 @@ fn run_one(
     let mut filtered_out = None;
     let mut filtered_check = Ok(());
     if let Some(f) = &a.filtered {
-        let pending = crate::temp::Pending::new(f)?;
+        let pending = crate::runtime::temp::Pending::new(f)?;
         let format = data::OutputFormat::choose(&input, f, None);
         let ann = data::Annotations {
             labels: &kept.labels,
@@ -404,7 +213,7 @@ fn run_one(
         filtered_check = written.check(f);
         filtered_out = Some(pending);
     }
-    crate::interrupt::check()?;
+    crate::runtime::interrupt::check()?;
     labels_out.commit()?;
     if let Some(p) = filtered_out {
         p.commit()?;
@@ -417,16 +226,20 @@ fn run_one(
         total.skipped,
         cut.summary()
     ));
-    println!(
-        "{}",
-        serde_json::json!({
-            "out": out.display().to_string(), "rows": total.rows, "usable": total.usable,
-            "skipped": total.skipped, "clean": total.kept, "estimated_noise_rate": noise,
-            "min_prob": cut.min_prob, "min_similarity": cut.min_similarity,
-            "expected_precision": cut.expected_precision, "pairs_per_second": pps,
-            "filtered_rows": filtered_rows, "warnings": warnings.all,
-        })
-    );
+    super::print_summary(&ScorePrinted {
+        out: out.display().to_string(),
+        rows: total.rows,
+        usable: total.usable,
+        skipped: total.skipped,
+        clean: total.kept,
+        estimated_noise_rate: noise,
+        min_prob: cut.min_prob,
+        min_similarity: cut.min_similarity,
+        expected_precision: cut.expected_precision,
+        pairs_per_second: pps,
+        filtered_rows,
+        warnings: &warnings.all,
+    })?;
     a.outcome.check(total.rows, total.skipped)?;
     filtered_check
 }
@@ -445,12 +258,12 @@ fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Res
     let cut = engine.cut();
     let source = format!(
         "checkpoint sha256 {}; is_clean clean_prob >= {}{}; input options {}",
-        crate::checkpoint::sha256(&engine.dir)?,
+        crate::run::checkpoint::sha256(&engine.dir)?,
         cut.min_prob,
         cut.min_similarity
             .map(|s| format!(" (at it, similarity >= {s})"))
             .unwrap_or_default(),
-        &crate::hex::sha256_hex(
+        &crate::runtime::hex::sha256_hex(
             serde_json::to_string(&opts)
                 .context("serialising the input options")?
                 .as_bytes()
@@ -502,14 +315,51 @@ fn run_shards(a: &ScoreArgs, dir: &Path, engine: &Engine, rep: &Reporter) -> Res
         c.kept,
         100.0 * noise
     ));
-    println!(
-        "{}",
-        serde_json::json!({
-            "out_dir": dir.display().to_string(), "shards": summary.shards, "done": summary.done,
-            "already_done": summary.already_done, "rows": c.rows, "usable": c.usable,
-            "skipped": c.skipped, "clean": c.kept, "estimated_noise_rate": noise,
-            "seconds": summary.seconds, "warnings": warnings.all,
-        })
-    );
+    super::print_summary(&ScoreShardsPrinted {
+        out_dir: dir.display().to_string(),
+        shards: summary.shards,
+        done: summary.done,
+        already_done: summary.already_done,
+        rows: c.rows,
+        usable: c.usable,
+        skipped: c.skipped,
+        clean: c.kept,
+        estimated_noise_rate: noise,
+        seconds: summary.seconds,
+        warnings: &warnings.all,
+    })?;
     a.outcome.check(c.rows, c.skipped)
+}
+
+/// What `score --out FILE` prints on stdout.
+#[derive(serde::Serialize)]
+struct ScorePrinted<'a> {
+    out: String,
+    rows: usize,
+    usable: usize,
+    skipped: usize,
+    clean: usize,
+    estimated_noise_rate: f64,
+    min_prob: f64,
+    min_similarity: Option<f64>,
+    expected_precision: f64,
+    pairs_per_second: f64,
+    filtered_rows: Option<usize>,
+    warnings: &'a [String],
+}
+
+/// What `score --out-dir DIR` prints on stdout.
+#[derive(serde::Serialize)]
+struct ScoreShardsPrinted<'a> {
+    out_dir: String,
+    shards: usize,
+    done: usize,
+    already_done: usize,
+    rows: usize,
+    usable: usize,
+    skipped: usize,
+    clean: usize,
+    estimated_noise_rate: f64,
+    seconds: f64,
+    warnings: &'a [String],
 }

@@ -1,10 +1,10 @@
 //! The threshold flags that `fit`, `score` and `filter` share: one rule for
-//! the clean set (see [`crate::threshold`]).
+//! the clean set (see [`crate::curation::threshold`]).
 
 use clap::Args;
 
+use crate::curation::threshold::Rule;
 use crate::error::{Error, Result};
-use crate::threshold::Rule;
 
 /// At most one rule for the clean set; every rule ends as a cut
 /// `clean_prob >= P`, which a share rule may refine inside a tie at P by

@@ -4,8 +4,8 @@
 use clap::Args;
 
 use crate::error::Result;
-use crate::progress::Reporter;
-use crate::towers;
+use crate::runtime::progress::Reporter;
+use crate::towers::installed;
 
 /// Arguments of `ncclean towers`.
 #[derive(Debug, Args)]
@@ -16,7 +16,7 @@ pub struct TowersArgs {
 }
 
 pub fn run(a: TowersArgs, _rep: &Reporter) -> Result<()> {
-    let d = towers::discover();
+    let d = installed::discover();
     if a.json {
         println!(
             "{}",
@@ -44,7 +44,7 @@ pub fn run(a: TowersArgs, _rep: &Reporter) -> Result<()> {
          MobileNetV2: ${} or ~/.cache/ncclean/mobilenet_v2/model.safetensors \
          (torchvision weights as safetensors). CLIP: a Hugging Face CLIPModel directory \
          or the hub cache ($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub).",
-        towers::MOBILENET_ENV
+        installed::MOBILENET_ENV
     );
     Ok(())
 }

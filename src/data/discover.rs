@@ -203,7 +203,7 @@ pub(crate) fn skip_empty<F>(
         .filter(|f| {
             let empty = rows(f) == 0;
             if empty {
-                crate::progress::warn_once(&EmptyShard(path(f)).to_string());
+                crate::runtime::progress::warn_once(&EmptyShard(path(f)).to_string());
             }
             !empty
         })

@@ -258,7 +258,7 @@ pub fn write_filtered_annotated(
         let reader = Arc::new(FileReader::open(&input.files[f].path)?);
         let groups = groups_with_kept_rows(&reader, keep);
         for piece in reader.stream_groups(None, BATCH_ROWS, false, groups) {
-            crate::interrupt::check()?;
+            crate::runtime::interrupt::check()?;
             match piece {
                 Piece::Rows { batch, first_row } => {
                     rows_out += write_kept(&mut writer, schema, batch, first_row, keep, input, f)?;
@@ -392,7 +392,7 @@ fn salvage(
                 }
                 if bad_kept > 0 {
                     lost += bad_kept;
-                    crate::progress::warn_once(&format!(
+                    crate::runtime::progress::warn_once(&format!(
                         "row group {} of {}: invalid UTF-8 in {}; left out of the filtered output: {}",
                         d.row_group,
                         input.display_name(f),
@@ -413,7 +413,7 @@ fn salvage(
                 let n = kept_in(keep, from, end.saturating_sub(from));
                 if n > 0 {
                     lost += n;
-                    crate::progress::warn_once(&format!(
+                    crate::runtime::progress::warn_once(&format!(
                         "{}; left out of the filtered output: {}",
                         again.reason(),
                         kept_rows(n, from, end - from),

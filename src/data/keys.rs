@@ -43,7 +43,7 @@ pub fn for_each_key(
     if let FileFormat::Webdataset(layout) = &info.format {
         let mut batches = PairBatches::open(input, file, layout)?;
         let mut first = 0;
-        while let Some(rows) = batches.next_batch(crate::engine::READ_BATCH_ROWS)? {
+        while let Some(rows) = batches.next_batch(super::READ_BATCH_ROWS)? {
             let n = rows.len();
             f(first, rows.into_iter().map(|r| Some(r.key)).collect())?;
             first += n;
@@ -61,7 +61,7 @@ pub fn for_each_key(
     };
     let reader = Arc::new(FileReader::open(&info.path)?);
     for piece in reader.stream(Some(&[key.as_str()]), KEY_BATCH_ROWS, true) {
-        crate::interrupt::check()?;
+        crate::runtime::interrupt::check()?;
         match piece {
             Piece::Rows { batch, first_row } => {
                 let restored = restore_batch(&batch, reader.schema())

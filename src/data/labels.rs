@@ -184,7 +184,7 @@ impl LabelsWriter {
     }
 
     /// Write into `tmp`, a temporary the caller renames into place
-    /// ([`crate::temp::Pending`]); `finish` leaves it there.
+    /// ([`crate::runtime::temp::Pending`]); `finish` leaves it there.
     pub fn create_in(tmp: &Path) -> Result<LabelsWriter> {
         let schema = labels_schema();
         Ok(LabelsWriter {
@@ -263,7 +263,7 @@ fn find_column<'a>(schema: &'a Schema, name: &'a str) -> Option<&'a str> {
 /// lacks a labels column, has one of another kind, or holds a null key or
 /// status is [`crate::Error::InvalidInput`] naming the column.
 pub fn read_labels(path: &Path) -> Result<(Vec<LabelRow>, BTreeMap<String, String>)> {
-    crate::small_file::check_regular(path, "labels file")?;
+    crate::runtime::small_file::check_regular(path, "labels file")?;
     let file = File::open(path).map_err(|e| {
         invalid(format!(
             "{}: cannot open the labels file ({e}); give the labels.parquet that fit or score wrote",

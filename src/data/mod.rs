@@ -8,12 +8,15 @@
 mod columns;
 mod discover;
 mod filter;
+pub mod images;
 mod input;
 mod keys;
 mod labels;
+mod metadata;
 mod npy;
 mod read;
 mod rows;
+pub(crate) mod sample;
 mod webdataset;
 mod window;
 mod write;
@@ -23,7 +26,7 @@ pub(crate) mod testutil;
 
 use std::path::PathBuf;
 
-use crate::images::ImageLimits;
+use crate::data::images::ImageLimits;
 
 pub use columns::{image_columns, resolve_columns};
 pub use discover::Discovery;
@@ -40,6 +43,7 @@ pub use labels::{
     read_labels, write_labels, LabelRow, LabelsWriter, RowStatus, COLUMNS as LABEL_COLUMNS,
     LABEL_PREFIX,
 };
+pub use metadata::Metadata;
 pub use npy::write_uids_npy;
 pub(crate) use rows::{bytes_at, plain, string_at};
 pub(crate) use webdataset::is_tar;
@@ -49,6 +53,9 @@ pub use webdataset::{
 };
 pub use window::RowWindows;
 pub use write::{write_atomic, AtomicParquetWriter};
+
+/// Rows read per batch from the input: bounds the memory of raw image bytes.
+pub const READ_BATCH_ROWS: usize = 256;
 
 /// Column-layout presets for common dataset formats.
 #[derive(

@@ -353,7 +353,7 @@ impl Iterator for RowGroupStream {
                         // More rows than the footer declares: the footer is
                         // what every count (labels, masks) is built on, so
                         // the surplus cannot be placed.
-                        crate::progress::warn_once(&format!(
+                        crate::runtime::progress::warn_once(&format!(
                             "row group {group} of {} holds more rows than its footer declares ({expected}); the surplus rows are ignored",
                             self.reader.path.display()
                         ));

@@ -11,8 +11,8 @@ use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::DataType;
 
 use super::{ColumnMap, ImageKind, ImageValue, PairRow};
+use crate::data::images::ImageBase;
 use crate::error::Result;
-use crate::images::ImageBase;
 
 /// What a batch needs to know about the file it came from.
 pub(crate) struct RowContext<'a> {

@@ -78,20 +78,44 @@ pub(crate) fn hf_images(bytes: &[Option<&[u8]>], paths: &[Option<&str>]) -> Arra
     Arc::new(s)
 }
 
-/// Overwrite the header of the first data page of `column` in row group
-/// `group` with 0xFF bytes, so that page (only) cannot be decoded.
-pub(crate) fn corrupt_page(path: &Path, group: usize, column: &str) {
-    use parquet::file::reader::{FileReader as _, SerializedFileReader};
-    let reader = SerializedFileReader::new(File::open(path).expect("open")).expect("footer");
-    let offset = reader
-        .metadata()
-        .row_group(group)
-        .columns()
+/// The damaged-parquet helpers the integration tests use (one copy for
+/// both: `tests/common/hostile.rs`).
+#[allow(dead_code)]
+#[path = "../../tests/common/hostile.rs"]
+mod hostile;
+pub(crate) use hostile::corrupt_page;
+
+/// An input set of files `data/train.parquet`, `data/part-1.parquet`, … with
+/// `rows[i]` rows each, for tests that need names and row counts only.
+pub(crate) fn test_input(rows: &[usize]) -> crate::data::InputSet {
+    use crate::data::{ColumnMap, ImageKind, InputFile};
+    let files = rows
         .iter()
-        .find(|c| c.column_path().string() == column)
-        .expect("column")
-        .data_page_offset() as usize;
-    let mut bytes = std::fs::read(path).expect("read");
-    bytes[offset..offset + 8].fill(0xFF);
-    std::fs::write(path, bytes).expect("write");
+        .enumerate()
+        .map(|(i, &n)| InputFile {
+            path: if i == 0 {
+                "data/train.parquet".into()
+            } else {
+                format!("data/part-{i}.parquet").into()
+            },
+            num_rows: n,
+            schema: std::sync::Arc::new(arrow_schema::Schema::empty()),
+            format: crate::data::FileFormat::Parquet,
+        })
+        .collect();
+    crate::data::InputSet {
+        files,
+        columns: ColumnMap {
+            image: "image".into(),
+            image_kind: ImageKind::Bytes,
+            caption: "caption".into(),
+            key: None,
+            text_embedding: None,
+        },
+        image_root: None,
+        image_limits: Default::default(),
+        embedding_dim: None,
+        text_embedding_dim: None,
+        fingerprint: Default::default(),
+    }
 }

@@ -16,7 +16,7 @@ use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 
 use crate::error::Result;
-use crate::temp;
+use crate::runtime::temp;
 
 /// Rows per row group: readers can stream a file a row group at a time.
 const ROW_GROUP_ROWS: usize = 64 * 1024;
@@ -24,7 +24,7 @@ const ROW_GROUP_ROWS: usize = 64 * 1024;
 /// its memory when rows carry image bytes.
 const ROW_GROUP_BYTES: usize = 128 * 1024 * 1024;
 
-/// This process's temporary for `path` (see [`crate::temp`]), after the
+/// This process's temporary for `path` (see [`crate::runtime::temp`]), after the
 /// temporaries that dead processes left for it are removed.
 fn temp_path(path: &Path) -> Result<PathBuf> {
     temp::check_replaceable(path, "output")?;
@@ -71,7 +71,7 @@ impl AtomicParquetWriter {
     }
 
     /// Write straight into `tmp`, a temporary the caller owns and renames
-    /// into place (a [`crate::temp::Pending`]): a temporary of its own
+    /// into place (a [`crate::runtime::temp::Pending`]): a temporary of its own
     /// would be named after the caller's (`..<name>.tmp-<pid>.tmp-<pid>`),
     /// which no sweep of the final path finds after a kill.
     pub fn create_in(

@@ -1,8 +1,8 @@
 //! `ncclean fit`: train a method on prepared inputs and write the run
 //! directory (`checkpoint/`, `labels.parquet`, `filtered.parquet`,
-//! `stats.json`, `run.json`), committed as a whole (see [`crate::rundir`]).
+//! `stats.json`, `run.json`), committed as a whole (see [`crate::run::dir`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -10,20 +10,21 @@ use candle_core::Device;
 use ncclean_pipelines::{EpochStats, Observer, TrainConfig};
 use serde::Serialize;
 
-use super::checkpointed::Engine;
 use super::keep::join_by_position;
 use super::labels::config_hash;
-use super::prepare::{Preparer, READ_BATCH_ROWS};
-use crate::checkpoint::{self, CheckpointState};
-use crate::data::{self, InputSet};
-use crate::encoders::EncoderSpec;
+use super::prepare::{Prepared, PreparedRun, Preparer};
+use super::trained::Engine;
+use crate::curation::division_check::{MixtureSummary, SignalCheck};
+use crate::curation::threshold::{Cut, Ranked, Record, Rule};
+use crate::data::sample::{Sample, SampleInfo};
+use crate::data::{self, InputSet, READ_BATCH_ROWS};
 use crate::error::{invalid, Error, Result};
-use crate::features::CacheOptions;
-use crate::progress::Reporter;
-use crate::rundir::{self, RunDir};
-use crate::sample::{Sample, SampleInfo};
-use crate::signal::{MixtureSummary, SignalCheck};
-use crate::threshold::{Cut, Ranked, Record, Rule};
+use crate::run::checkpoint::{self, CheckpointState};
+use crate::run::dir::{self, RunDir};
+use crate::run::run_json::{self, RunJson};
+use crate::runtime::progress::Reporter;
+use crate::towers::encoders::EncoderSpec;
+use crate::towers::features::CacheOptions;
 
 /// What `fit` was asked to do.
 #[derive(Debug, Clone)]
@@ -41,7 +42,7 @@ pub struct FitOptions {
     /// Feature cache.
     pub cache: CacheOptions,
     /// Continue from the epoch checkpoint of `out_dir` if there is one
-    /// ([`rundir::resume_dir`]).
+    /// ([`dir::resume_dir`]).
     pub resume: bool,
     /// Replace an `out_dir` that is not an ncclean run, or that lies inside
     /// an input directory.
@@ -50,7 +51,7 @@ pub struct FitOptions {
     pub data_args: Vec<PathBuf>,
     /// Where the data lives and how it was read, for run.json (`score`
     /// without DATA, `report`'s pictures).
-    pub run_inputs: crate::run_inputs::RunInputs,
+    pub run_inputs: crate::run::inputs::RunInputs,
     /// The rule for the clean set (`None`: `clean_prob >=` the
     /// configuration's `threshold`).
     pub rule: Option<Rule>,
@@ -102,43 +103,86 @@ pub struct FitSummary {
     /// column only the copy reads); a partial result when not 0.
     pub filtered_dropped: usize,
     /// CPU threads of candle's matmuls and other ops (timings depend on it).
-    pub threads: crate::threads::ThreadSettings,
+    pub threads: crate::runtime::threads::ThreadSettings,
     /// The final division's mixture and a histogram of the statistic it was
     /// fitted on, for `ncclean report`; absent when the checkpoint holds no
     /// division.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub division: Option<crate::report::DivisionRecord>,
+    pub division: Option<crate::curation::division_record::DivisionRecord>,
     /// The rows trained on when `--sample` drew some (labels.parquet and
     /// filtered.parquet cover those rows only).
     pub sample: Option<SampleInfo>,
 }
 
 /// Train `opts.method` on `input`, write the run directory and return a summary.
+///
+/// The phases, in order: [`begin`] the run directory, [`prepare`] the
+/// rows, [`train`] (or resume) and save the checkpoint, [`score_and_cut`]
+/// the training pairs through the reloaded checkpoint, and [`write`] the
+/// outputs and commit the run.
 pub fn fit(
     input: &InputSet,
     opts: &FitOptions,
     device: &Device,
     rep: &Reporter,
 ) -> Result<FitSummary> {
-    let cfg = &opts.config;
     // filtered.parquet holds every input column: shards that differ would
     // fail only after training, so their footers are compared first.
     data::check_same_schema(input)?;
     let t0 = Instant::now();
+    let run_dir = begin(input, opts)?;
+    let sample = opts.sample.and_then(|n| Sample::draw(input, n, opts.seed));
+    let run = prepare(input, opts, &run_dir, sample.as_ref(), device, rep)?;
+    let read_seconds = t0.elapsed().as_secs_f64();
+    rep.info(&format!(
+        "read {} rows: {} usable, {} skipped ({read_seconds:.1}s)",
+        run.prepared.rows.len(),
+        run.prepared.ok.len(),
+        run.prepared.skipped()
+    ));
+    let trained = train(input, opts, &run_dir, &run, sample.as_ref(), device, rep)?;
+    let labelled = score_and_cut(input, opts, &trained.checkpoint, &run.prepared, device, rep)?;
+    write(
+        input,
+        opts,
+        device,
+        run_dir,
+        &run.prepared,
+        sample.as_ref(),
+        trained,
+        labelled,
+        read_seconds,
+    )
+}
+
+/// Phase 1: start the run directory (outputs go to its staging directory
+/// until the commit).
+fn begin(input: &InputSet, opts: &FitOptions) -> Result<RunDir> {
     let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
-    let run_dir = RunDir::begin(
+    RunDir::begin(
         &opts.out_dir,
-        rundir::Inputs {
+        dir::Inputs {
             args: &opts.data_args,
             files: &files,
         },
         opts.force,
-    )?;
-    let out = run_dir.staging().to_path_buf();
+    )
+}
+
+/// Phase 2: read the rows (all, or the sample) into head inputs, and
+/// refuse data that labels could not be joined back to or too few pairs.
+fn prepare(
+    input: &InputSet,
+    opts: &FitOptions,
+    run_dir: &RunDir,
+    sample: Option<&Sample>,
+    device: &Device,
+    rep: &Reporter,
+) -> Result<PreparedRun> {
+    let cfg = &opts.config;
     let want_local = ncclean_pipelines::config::head_for(&opts.method, cfg).local;
-    let sample = opts.sample.and_then(|n| Sample::draw(input, n, opts.seed));
     let preparer = Preparer::new(input, &opts.encoders, cfg, want_local, &opts.cache, device)?;
-    if let Some(earlier) = crate::run_inputs::earlier_run(run_dir.out()) {
+    if let Some(earlier) = crate::run::inputs::earlier_run(run_dir.out()) {
         // With a default --out-dir, a second dataset's fit would otherwise
         // replace the first one's run without a word (said once the inputs
         // and towers are accepted, not before an error).
@@ -148,7 +192,7 @@ pub fn fit(
             opts.out_dir.display()
         ));
     }
-    let run = match &sample {
+    let run = match sample {
         None => {
             if let Some(n) = opts.sample {
                 rep.info(&format!(
@@ -169,9 +213,7 @@ pub fn fit(
             preparer.prepare(s.filter(input.pairs(READ_BATCH_ROWS)), s.len(), None, rep)?
         }
     };
-    drop(preparer);
-    let (prepared, vocab) = (run.prepared, run.vocab);
-    let read_seconds = t0.elapsed().as_secs_f64();
+    let prepared = &run.prepared;
     // Labels are joined back to the data by key (`filter`): a run on keys
     // that repeat would write labels nothing can use.
     let dups = data::DuplicateKeys::of(prepared.rows.iter().map(|r| r.key.as_str()));
@@ -191,13 +233,41 @@ pub fn fit(
             prepared.rows.len()
         )));
     }
-    rep.info(&format!(
-        "read {} rows: {} usable, {} skipped ({read_seconds:.1}s)",
-        prepared.rows.len(),
-        prepared.ok.len(),
-        prepared.skipped()
-    ));
-    let model = ncclean_pipelines::config::model_config(&opts.method, cfg, run.image, run.text);
+    Ok(run)
+}
+
+/// What training left: the saved checkpoint and the epochs' statistics.
+struct Trained {
+    /// `checkpoint/` in the staging directory.
+    checkpoint: PathBuf,
+    /// The epoch checkpoint, removed once the run is committed.
+    resume_dir: PathBuf,
+    /// Per-epoch statistics (those of resumed epochs included).
+    epochs: Vec<EpochStats>,
+    /// Seconds training (all epochs and the final division).
+    seconds: f64,
+}
+
+/// Phase 3: build the pipeline, continue an interrupted run with
+/// `--resume`, train the remaining epochs (saving an epoch checkpoint after
+/// each), fit the final division and save the checkpoint.
+fn train(
+    input: &InputSet,
+    opts: &FitOptions,
+    run_dir: &RunDir,
+    run: &PreparedRun,
+    sample: Option<&Sample>,
+    device: &Device,
+    rep: &Reporter,
+) -> Result<Trained> {
+    let cfg = &opts.config;
+    let prepared = &run.prepared;
+    let model = ncclean_pipelines::config::model_config(
+        &opts.method,
+        cfg,
+        run.image.clone(),
+        run.text.clone(),
+    );
     let mut pipeline =
         ncclean_pipelines::build(&opts.method, cfg.clone(), &model, opts.seed, device)?;
     let t1 = Instant::now();
@@ -209,16 +279,16 @@ pub fn fit(
         seed: opts.seed,
         config: cfg.clone(),
         model: model.clone(),
-        vocab: vocab.clone(),
+        vocab: run.vocab.clone(),
         encoders: opts.encoders.clone(),
         columns: input.columns.clone(),
         train_pairs: prepared.ok.len(),
         pipeline: pipeline.state(),
     };
     check_state_size(&make_state(pipeline.as_ref()))?;
-    let resume_dir = rundir::resume_dir(run_dir.out());
+    let resume_dir = dir::resume_dir(run_dir.out());
     // A sample is the training data: another sample is other data.
-    let training_data = match &sample {
+    let training_data = match sample {
         None => input.fingerprint()?,
         Some(s) => format!(
             "{}; sample of {} rows, seed {}",
@@ -233,44 +303,15 @@ pub fn fit(
         epochs: Vec::with_capacity(total),
     };
     if opts.resume {
-        match checkpoint::read_resume(&resume_dir)? {
-            Some((state, saved)) => {
-                let fresh = make_state(pipeline.as_ref());
-                let differs = [
-                    ("method", state.method != fresh.method),
-                    ("seed", state.seed != fresh.seed),
-                    ("configuration", saved.config_hash != info.config_hash),
-                    (
-                        "input data",
-                        saved.input_fingerprint != info.input_fingerprint,
-                    ),
-                    (
-                        "towers",
-                        state.model != fresh.model || state.encoders != fresh.encoders,
-                    ),
-                ];
-                let what: Vec<&str> = differs.iter().filter(|d| d.1).map(|d| d.0).collect();
-                if !what.is_empty() || saved.epochs.len() > total {
-                    return Err(Error::Usage(format!(
-                        "{}: the interrupted run differs from this command ({}); run the same command \
-                         with --resume to continue it, or drop --resume to start over",
-                        resume_dir.display(),
-                        what.join(", ")
-                    )));
-                }
-                checkpoint::load_resume(&resume_dir, &state, pipeline.as_mut())?;
-                info.epochs = saved.epochs;
-                rep.info(&format!(
-                    "resuming after epoch {} of {total} from {}",
-                    info.epochs.len(),
-                    resume_dir.display()
-                ));
-            }
-            None => rep.info(&format!(
-                "nothing to resume in {}: training from the first epoch",
-                resume_dir.display()
-            )),
-        }
+        let fresh = make_state(pipeline.as_ref());
+        resume(
+            &resume_dir,
+            &fresh,
+            &mut info,
+            total,
+            pipeline.as_mut(),
+            rep,
+        )?;
     } else if resume_dir.exists() {
         rep.info(&format!(
             "{} holds an interrupted run; it is replaced (pass --resume to continue it instead)",
@@ -297,7 +338,6 @@ pub fn fit(
             &info,
         )?;
     }
-    let epochs = info.epochs;
     pipeline
         .finalize(
             &prepared.inputs,
@@ -306,22 +346,100 @@ pub fn fit(
         )
         .map_err(|e| Error::from(e).context("final division"))?;
     obs.finish();
-    let train_seconds = t1.elapsed().as_secs_f64();
+    let seconds = t1.elapsed().as_secs_f64();
 
     let state = make_state(pipeline.as_ref());
-    let ckpt_dir = out.join("checkpoint");
+    let ckpt_dir = run_dir.staging().join("checkpoint");
     checkpoint::save(&ckpt_dir, &state, pipeline.as_mut())?;
-    drop(pipeline);
+    Ok(Trained {
+        checkpoint: ckpt_dir,
+        resume_dir,
+        epochs: info.epochs,
+        seconds,
+    })
+}
 
-    // Score through the reloaded checkpoint: exactly what `ncclean score`
-    // does; then resolve the rule on the training pairs and store the cut
-    // in the checkpoint, so `score` applies the same one on every shard.
-    let mut engine = Engine::load(&ckpt_dir, device)?;
-    let mut scored = engine.score_rows(input, &prepared, false, rep)?;
+/// `--resume`: load the epoch checkpoint in `resume_dir` into `pipeline`
+/// and its finished epochs into `info`, refusing one that another command
+/// (method, seed, configuration, data, towers) wrote.
+fn resume(
+    resume_dir: &Path,
+    fresh: &CheckpointState,
+    info: &mut checkpoint::ResumeInfo,
+    total: usize,
+    pipeline: &mut dyn ncclean_pipelines::Pipeline,
+    rep: &Reporter,
+) -> Result<()> {
+    let Some((state, saved)) = checkpoint::read_resume(resume_dir)? else {
+        rep.info(&format!(
+            "nothing to resume in {}: training from the first epoch",
+            resume_dir.display()
+        ));
+        return Ok(());
+    };
+    let differs = [
+        ("method", state.method != fresh.method),
+        ("seed", state.seed != fresh.seed),
+        ("configuration", saved.config_hash != info.config_hash),
+        (
+            "input data",
+            saved.input_fingerprint != info.input_fingerprint,
+        ),
+        (
+            "towers",
+            state.model != fresh.model || state.encoders != fresh.encoders,
+        ),
+    ];
+    let what: Vec<&str> = differs.iter().filter(|d| d.1).map(|d| d.0).collect();
+    if !what.is_empty() || saved.epochs.len() > total {
+        return Err(Error::Usage(format!(
+            "{}: the interrupted run differs from this command ({}); run the same command \
+             with --resume to continue it, or drop --resume to start over",
+            resume_dir.display(),
+            what.join(", ")
+        )));
+    }
+    checkpoint::load_resume(resume_dir, &state, pipeline)?;
+    info.epochs = saved.epochs;
+    rep.info(&format!(
+        "resuming after epoch {} of {total} from {}",
+        info.epochs.len(),
+        resume_dir.display()
+    ));
+    Ok(())
+}
+
+/// The training pairs labelled through the reloaded checkpoint, with the
+/// cut and what the division check said.
+struct Labelled {
+    engine: Engine,
+    scored: super::trained::Scored,
+    cut: Cut,
+    division: MixtureSummary,
+    signal: Option<SignalCheck>,
+    warnings: Vec<String>,
+    metadata: std::collections::BTreeMap<String, String>,
+}
+
+/// Phase 4: score the training pairs through the reloaded checkpoint
+/// (exactly what `ncclean score` does), resolve the rule on them and store
+/// the cut in the checkpoint (so `score` applies the same one on every
+/// shard), and check that the division means something.
+fn score_and_cut(
+    input: &InputSet,
+    opts: &FitOptions,
+    ckpt_dir: &Path,
+    prepared: &Prepared,
+    device: &Device,
+    rep: &Reporter,
+) -> Result<Labelled> {
+    let cfg = &opts.config;
+    let mut engine = Engine::load(ckpt_dir, device)?;
+    let mut scored = engine.score_rows(input, prepared, false, rep)?;
     let pairs = Ranked::labelled(&scored.labels);
     let rule = opts.rule.unwrap_or(Rule::MinProb(cfg.threshold));
     let record = Record::fit(rule, &pairs);
-    record.save(&ckpt_dir)?;
+    record.save(ckpt_dir)?;
     let cut = record.cut;
     engine.set_record(record);
     for l in &mut scored.labels {
@@ -357,7 +475,7 @@ pub fn fit(
         }
     }
     for w in &warnings {
-        crate::progress::warn_once(w);
+        crate::runtime::progress::warn_once(w);
     }
     let metadata = engine.metadata(&super::LabelsSummary {
         refit: false,
@@ -367,6 +485,42 @@ pub fn fit(
         cut,
         warnings: warnings.clone(),
     })?;
+    Ok(Labelled {
+        engine,
+        scored,
+        cut,
+        division,
+        signal,
+        warnings,
+        metadata,
+    })
+}
+
+/// Phase 5: write labels.parquet, filtered.parquet, stats.json and, last,
+/// run.json; commit the run directory and remove the epoch checkpoint.
+#[allow(clippy::too_many_arguments)]
+fn write(
+    input: &InputSet,
+    opts: &FitOptions,
+    device: &Device,
+    run_dir: RunDir,
+    prepared: &Prepared,
+    sample: Option<&Sample>,
+    trained: Trained,
+    labelled: Labelled,
+    read_seconds: f64,
+) -> Result<FitSummary> {
+    let cfg = &opts.config;
+    let out = run_dir.staging().to_path_buf();
+    let Labelled {
+        engine,
+        scored,
+        cut,
+        division,
+        signal,
+        warnings,
+        metadata,
+    } = labelled;
     let labels_path = out.join("labels.parquet");
     data::write_labels(&labels_path, &scored.labels, &metadata)?;
     let joined = join_by_position(input, &scored.labels, |l| l.is_clean, sample.is_none())?;
@@ -394,46 +548,55 @@ pub fn fit(
         signal,
         warnings,
         read_seconds,
-        train_seconds,
+        train_seconds: trained.seconds,
         score_seconds: scored.seconds,
         score_pairs_per_second: scored.pairs as f64 / scored.seconds.max(1e-9),
-        epochs,
+        epochs: trained.epochs,
         filtered_rows: filtered.rows_out,
         filtered_dropped: filtered.dropped,
-        threads: crate::threads::current(),
-        division: crate::report::DivisionRecord::of(&engine.state.pipeline, &scored.statistic),
-        sample: sample.as_ref().map(Sample::info),
+        threads: crate::runtime::threads::current(),
+        division: crate::curation::division_record::DivisionRecord::of(
+            engine.state.division(),
+            engine.state.division_statistic(),
+            &scored.statistic,
+        ),
+        sample: sample.map(Sample::info),
     };
     let stats_json = serde_json::to_vec_pretty(&summary).context("serialising stats")?;
     data::write_atomic(&out.join("stats.json"), &stats_json)?;
-    let run = serde_json::json!({
-        "ncclean_version": env!("CARGO_PKG_VERSION"),
-        "ncclean_build": crate::build_info::current().json(),
-        "method": opts.method,
-        "seed": opts.seed,
-        "config": cfg,
-        "config_hash": config_hash(cfg),
-        "model": engine.state.model,
-        "encoders": opts.encoders,
-        "columns": input.columns,
-        "image_root": input.image_root,
-        "image_limits": input.image_limits,
-        "inputs": (0..input.files.len()).map(|f| input.display_name(f)).collect::<Vec<_>>(),
-        "input_files": opts.run_inputs,
-        "input_fingerprint": metadata.get("ncclean.input_fingerprint"),
-        "checkpoint_sha256": metadata.get("ncclean.checkpoint_sha256"),
-        "threshold": cut,
-        "sample": summary.sample,
-        "device": format!("{device:?}"),
-        "command": std::env::args().collect::<Vec<_>>(),
-        rundir::COMPLETE_KEY: true,
-    });
-    let run_json = serde_json::to_vec_pretty(&run).context("serialising run.json")?;
+    let run = RunJson {
+        ncclean_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+        ncclean_build: Some(crate::runtime::build_info::current().json()),
+        method: Some(opts.method.clone()),
+        seed: Some(opts.seed),
+        config: Some(cfg.clone()),
+        config_hash: Some(config_hash(cfg)),
+        model: Some(engine.state.model.clone()),
+        encoders: Some(opts.encoders.clone()),
+        columns: Some(input.columns.clone()),
+        image_root: input.image_root.clone(),
+        image_limits: Some(input.image_limits),
+        inputs: Some(
+            (0..input.files.len())
+                .map(|f| input.display_name(f))
+                .collect(),
+        ),
+        input_files: Some(opts.run_inputs.clone()),
+        input_fingerprint: metadata.get("ncclean.input_fingerprint").cloned(),
+        checkpoint_sha256: metadata.get("ncclean.checkpoint_sha256").cloned(),
+        threshold: Some(cut),
+        sample: summary.sample.clone(),
+        device: Some(format!("{device:?}")),
+        command: Some(std::env::args().collect()),
+        complete: true,
+    };
+    let run_json = run.to_vec_pretty().context("serialising run.json")?;
     // Written last: its presence says every other output is in place.
-    data::write_atomic(&out.join("run.json"), &run_json)?;
-    crate::interrupt::check()?;
+    data::write_atomic(&out.join(run_json::FILE), &run_json)?;
+    crate::runtime::interrupt::check()?;
     run_dir.commit()?;
     // The run is complete: its epoch checkpoint has served.
+    let resume_dir = trained.resume_dir;
     if resume_dir.exists() {
         std::fs::remove_dir_all(&resume_dir)
             .with_context(|| format!("cannot remove {}", resume_dir.display()))?;
@@ -443,13 +606,13 @@ pub fn fit(
 
 /// Refuse, before any epoch, a checkpoint state that would be too large to
 /// be read back (`score`, and `fit` itself after training, read state.json
-/// bounded by [`crate::small_file::RUN_FILE_LIMIT`]): half of it, as
+/// bounded by [`crate::runtime::small_file::RUN_FILE_LIMIT`]): half of it, as
 /// training adds the division and its statistics.
 fn check_state_size(state: &CheckpointState) -> Result<()> {
     let bytes = serde_json::to_vec(state)
         .context("serialising checkpoint state")?
         .len() as u64;
-    let limit = crate::small_file::RUN_FILE_LIMIT / 2;
+    let limit = crate::runtime::small_file::RUN_FILE_LIMIT / 2;
     if bytes > limit {
         let vocab = state.vocab.as_ref().map_or(0, |v| v.words.len());
         return Err(invalid(format!(
@@ -465,7 +628,8 @@ fn check_state_size(state: &CheckpointState) -> Result<()> {
 
 /// The final division of a checkpoint, summarised.
 fn division_summary(state: &CheckpointState) -> Result<MixtureSummary> {
-    let division = serde_json::from_value(state.pipeline["division"].clone())
+    let division = state
+        .division()
         .context("reading the final division from the checkpoint state")?;
     Ok(MixtureSummary::of(&division))
 }

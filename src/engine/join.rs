@@ -287,8 +287,8 @@ pub(crate) fn quoted<S: AsRef<str>>(keys: &[S]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::testutil::test_input;
     use crate::data::RowStatus;
-    use crate::engine::test_input;
 
     fn label(key: &str, clean: bool) -> LabelRow {
         LabelRow {

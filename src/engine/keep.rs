@@ -7,11 +7,6 @@ use super::join::{Joined, NO_LABEL};
 use crate::data::{InputSet, LabelRow};
 use crate::error::{invalid, Result};
 
-/// `keep[file][row]` from label rows, matched by source file and row.
-pub fn keep_mask(input: &InputSet, labels: &[LabelRow]) -> Result<Vec<Vec<bool>>> {
-    keep_mask_by(input, labels, |l| l.is_clean)
-}
-
 /// The file name of a path as written in labels.
 fn base(s: &str) -> String {
     Path::new(s)
@@ -20,17 +15,9 @@ fn base(s: &str) -> String {
         .unwrap_or_default()
 }
 
-/// `keep[file][row]` = `pred(label)` for each input row. Labels are matched to
-/// input files by their `source_file` (as written, or by file name).
-pub fn keep_mask_by(
-    input: &InputSet,
-    labels: &[LabelRow],
-    pred: impl Fn(&LabelRow) -> bool,
-) -> Result<Vec<Vec<bool>>> {
-    Ok(join_by_position(input, labels, pred, true)?.keep)
-}
-
-/// [`keep_mask_by`] with each row's label index: for labels just made from
+/// `keep[file][row]` = `pred(label)` for each input row, with each row's
+/// label index. Labels are matched to input files by their `source_file`
+/// (as written, or by file name) and row: for labels just made from
 /// `input` itself (`fit`), where position is identity. Data that may have
 /// changed since is joined by key ([`super::LabelIndex`]). With
 /// `every_row` the labels must cover every row of `input`; without (a fit
@@ -101,8 +88,22 @@ pub fn join_by_position(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::testutil::test_input;
     use crate::data::RowStatus;
-    use crate::engine::test_input;
+
+    /// `keep[file][row]` = `pred(label)`, every row labelled.
+    fn keep_mask_by(
+        input: &InputSet,
+        labels: &[LabelRow],
+        pred: impl Fn(&LabelRow) -> bool,
+    ) -> Result<Vec<Vec<bool>>> {
+        Ok(join_by_position(input, labels, pred, true)?.keep)
+    }
+
+    /// `keep[file][row]` from the labels' `is_clean`.
+    fn keep_mask(input: &InputSet, labels: &[LabelRow]) -> Result<Vec<Vec<bool>>> {
+        keep_mask_by(input, labels, |l| l.is_clean)
+    }
 
     fn label(file: &str, row: u64, clean: bool) -> LabelRow {
         LabelRow {

@@ -3,12 +3,12 @@
 use ncclean_pipelines::{PairScores, TrainConfig};
 
 use super::prepare::Prepared;
+use crate::curation::threshold::{Bound, Ranked};
 use crate::data::{InputSet, LabelRow, RowStatus};
-use crate::threshold::{Bound, Ranked};
 
 /// Label rows for every input row: scores for usable pairs, `skipped` with
 /// the reason for the rest; `is_clean` is whether `bound` keeps the pair
-/// (the cut of [`crate::threshold`]).
+/// (the cut of [`crate::curation::threshold`]).
 pub(super) fn label_rows(
     input: &InputSet,
     prepared: &Prepared,
@@ -46,7 +46,7 @@ pub(super) fn label_rows(
 /// Short hash of the resolved configuration.
 pub fn config_hash(cfg: &TrainConfig) -> String {
     let s = serde_json::to_string(cfg).unwrap_or_default();
-    crate::hex::sha256_hex(s.as_bytes())[..16].to_string()
+    crate::runtime::hex::sha256_hex(s.as_bytes())[..16].to_string()
 }
 
 #[cfg(test)]
@@ -54,8 +54,8 @@ mod tests {
     use ncclean_models::{ImageInputs, PairInputs, TextInputs};
 
     use super::*;
-    use crate::engine::test_input;
-    use crate::engine::RowRecord;
+    use crate::data::testutil::test_input;
+    use crate::engine::prepare::RowRecord;
 
     fn record(key: &str, row: usize, error: Option<&str>) -> RowRecord {
         RowRecord {

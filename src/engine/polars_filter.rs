@@ -57,7 +57,7 @@ impl PolarsFilter<'_> {
         } else {
             self.joined.keep.iter().flatten().filter(|k| **k).count()
         };
-        let pending = crate::temp::Pending::new(out)?;
+        let pending = crate::runtime::temp::Pending::new(out)?;
         self.query(key)
             .and_then(|q| sink(q, pending.tmp_path(), meta))
             .map_err(|e| polars_error(self.input, &e))?;

@@ -16,16 +16,15 @@ use ncclean_pipelines::{Observer, TrainConfig};
 
 use candle_core::Device;
 
+use crate::data::images::{self, ImageLimits};
+use crate::data::READ_BATCH_ROWS;
 use crate::data::{ImageKind, ImageValue, InputSet, PairRow};
-use crate::encoders::{EncoderSpec, ImageEncoder, ImageTower, TextEncoder, TextTower};
 use crate::error::{invalid, Error, Result};
-use crate::features::{self, CacheOptions, Extraction, SideFeatures};
-use crate::images::{self, ImageLimits};
-use crate::parallel::parallel_map;
-use crate::progress::Reporter;
+use crate::runtime::parallel::parallel_map;
+use crate::runtime::progress::Reporter;
+use crate::towers::encoders::{EncoderSpec, ImageEncoder, ImageTower, TextEncoder, TextTower};
+use crate::towers::features::{self, CacheOptions, Extraction, SideFeatures};
 
-/// Rows read per batch from parquet: bounds the memory of raw image bytes.
-pub const READ_BATCH_ROWS: usize = 256;
 /// Vocabulary limits of the demo text tower.
 const VOCAB_MIN_COUNT: usize = 1;
 const VOCAB_MAX_SIZE: usize = 30_000;
@@ -171,7 +170,7 @@ fn decode_image(
 /// Decode the images of a batch on all cores, preserving order; rows
 /// already known to be unusable are not decoded. Memory stays within
 /// `limits`' decode budget whatever the number of cores (see
-/// [`crate::images`]).
+/// [`crate::data::images`]).
 fn decode_batch(
     batch: &[PairRow],
     path: ImagePath,
@@ -273,7 +272,7 @@ fn read_pass(
     obs.start("reading", n as u64);
     for batch in batches {
         let batch = batch?;
-        crate::interrupt::check()?;
+        crate::runtime::interrupt::check()?;
         if let Some(ex) = extraction.as_deref_mut() {
             ex.push(&batch)?;
         }
@@ -602,13 +601,14 @@ fn row_error(
 
 /// Turn the pass and the frozen towers' features into head inputs: a row
 /// is a usable pair when the reader, the image side and the text side all
-/// could use it (reasons are reported in that order).
+/// could use it (reasons are reported in that order). Each side's inputs
+/// are then made apart ([`image_side`], [`text_side`]).
 fn assemble(
     pass: Pass,
     path: ImagePath,
     text: TextPath,
-    mut image_features: Option<SideFeatures>,
-    mut text_features: Option<SideFeatures>,
+    image_features: Option<SideFeatures>,
+    text_features: Option<SideFeatures>,
     vocab: Option<&Vocab>,
     cfg: &TrainConfig,
 ) -> Result<PreparedRun> {
@@ -624,13 +624,10 @@ fn assemble(
         text_embeddings,
         text_count,
     } = pass;
-    let mut ok_text_slots = Vec::new();
     let mut ok = Vec::new();
-    let mut ok_slots = Vec::new();
     let mut image_ids = Vec::new();
-    let mut tower_images: Vec<f32> = Vec::new();
-    let mut texts: Vec<f32> = Vec::new();
-    let mut ok_captions: Vec<String> = Vec::new();
+    let mut img = Gathered::default();
+    let mut txt = Gathered::default();
     for (row, rec) in rows.iter_mut().enumerate() {
         rec.error = row_error(rec, row, image_features.as_ref(), text_features.as_ref());
         if rec.error.is_some() {
@@ -639,119 +636,38 @@ fn assemble(
         ok.push(row);
         match &image_features {
             Some(f) => {
-                tower_images.extend_from_slice(f.row(row).unwrap_or_default());
+                img.features
+                    .extend_from_slice(f.row(row).unwrap_or_default());
                 // The feature cache already identified the image by content.
                 image_ids.push(f.index.get(row).map_or(0, |&i| u64::from(i)));
             }
             None => {
-                ok_slots.push(slots[row]);
+                img.slots.push(slots[row]);
                 image_ids.push(ids[row]);
             }
         }
         match (text, &text_features) {
-            (TextPath::Column { .. }, _) => ok_text_slots.push(text_slots[row]),
-            (_, Some(f)) => texts.extend_from_slice(f.row(row).unwrap_or_default()),
-            (_, None) => ok_captions.push(std::mem::take(&mut captions[row])),
+            (TextPath::Column { .. }, _) => txt.slots.push(text_slots[row]),
+            (_, Some(f)) => txt
+                .features
+                .extend_from_slice(f.row(row).unwrap_or_default()),
+            (_, None) => txt.captions.push(std::mem::take(&mut captions[row])),
         }
     }
-    if ok_text_slots.contains(&NO_SLOT) {
+    if txt.slots.contains(&NO_SLOT) {
         return Err(invalid("a usable pair has no text embedding"));
     }
-    // The local tables are moved, not copied: they are the bulk of the memory.
-    let image_local = match image_features.as_mut() {
-        Some(f) => pair_local(f, &ok)?,
-        None => None,
+    let image_table = ImageTable {
+        pixels,
+        embeddings,
+        decoded,
     };
-    let text_local = match text_features.as_mut() {
-        Some(f) => pair_local(f, &ok)?,
-        None => None,
+    let text_table = TextTable {
+        embeddings: text_embeddings,
+        count: text_count,
     };
-    let (images, image) = match (path, &image_features) {
-        (ImagePath::Pixels { size }, _) => (
-            ImageInputs::Pixels {
-                data: take_slots(pixels, decoded, &ok_slots),
-                size,
-            },
-            ImageTowerConfig::DemoCnn {
-                image_size: size,
-                width: cfg.cnn_width,
-            },
-        ),
-        (ImagePath::Column { dim }, _) => (
-            ImageInputs::Embeddings {
-                data: take_slots(embeddings, decoded, &ok_slots),
-                dim,
-                local: None,
-            },
-            ImageTowerConfig::Precomputed {
-                dim,
-                local_dim: None,
-            },
-        ),
-        (ImagePath::Tower, Some(f)) => {
-            let local_dim = image_local.as_ref().map(|l| l.dim);
-            (
-                ImageInputs::Embeddings {
-                    data: tower_images,
-                    dim: f.dim,
-                    local: image_local,
-                },
-                ImageTowerConfig::Precomputed {
-                    dim: f.dim,
-                    local_dim,
-                },
-            )
-        }
-        (ImagePath::Tower, None) => {
-            return Err(invalid("the image tower returned no features"));
-        }
-    };
-    let (texts, text, vocab) = match (text, &text_features) {
-        (TextPath::Column { dim }, _) => (
-            TextInputs::Embeddings {
-                data: take_slots(text_embeddings, text_count, &ok_text_slots),
-                dim,
-                local: None,
-            },
-            TextTowerConfig::Precomputed {
-                dim,
-                local_dim: None,
-            },
-            None,
-        ),
-        (_, Some(f)) => {
-            let local_dim = text_local.as_ref().map(|l| l.dim);
-            (
-                TextInputs::Embeddings {
-                    data: texts,
-                    dim: f.dim,
-                    local: text_local,
-                },
-                TextTowerConfig::Precomputed {
-                    dim: f.dim,
-                    local_dim,
-                },
-                None,
-            )
-        }
-        (_, None) => {
-            let v = match vocab {
-                Some(v) => v.clone(),
-                None => Vocab::build(
-                    ok_captions.iter().map(String::as_str),
-                    VOCAB_MIN_COUNT,
-                    VOCAB_MAX_SIZE,
-                    VOCAB_MAX_LEN,
-                ),
-            };
-            let tokens = ok_captions.iter().map(|c| v.encode(c)).collect();
-            let text = TextTowerConfig::DemoBow {
-                vocab_size: v.size(),
-                dim: cfg.word_dim,
-            };
-            (TextInputs::Tokens(tokens), text, Some(v))
-        }
-    };
+    let (images, image) = image_side(path, image_features, &ok, img, image_table, cfg)?;
+    let (texts, text, vocab) = text_side(text, text_features, &ok, txt, text_table, vocab, cfg)?;
     Ok(PreparedRun {
         prepared: Prepared {
             rows,
@@ -762,6 +678,152 @@ fn assemble(
         image,
         text,
         vocab,
+    })
+}
+
+/// One side's values of the usable pairs, gathered row by row.
+#[derive(Default)]
+struct Gathered {
+    /// Slots into the pass's own table (pixels, or an embedding column).
+    slots: Vec<u32>,
+    /// Frozen-tower features, row after row.
+    features: Vec<f32>,
+    /// Captions, for the demo text tower.
+    captions: Vec<String>,
+}
+
+/// The pass's image table: decoded pixels or embedding-column vectors.
+struct ImageTable {
+    pixels: Vec<u8>,
+    embeddings: Vec<f32>,
+    decoded: usize,
+}
+
+/// The pass's text-embedding column.
+struct TextTable {
+    embeddings: Vec<f32>,
+    count: usize,
+}
+
+/// The image side's head inputs and tower config for the usable pairs
+/// `ok`.
+fn image_side(
+    path: ImagePath,
+    mut features: Option<SideFeatures>,
+    ok: &[usize],
+    gathered: Gathered,
+    table: ImageTable,
+    cfg: &TrainConfig,
+) -> Result<(ImageInputs, ImageTowerConfig)> {
+    // The local tables are moved, not copied: they are the bulk of the memory.
+    let local = match features.as_mut() {
+        Some(f) => pair_local(f, ok)?,
+        None => None,
+    };
+    Ok(match (path, &features) {
+        (ImagePath::Pixels { size }, _) => (
+            ImageInputs::Pixels {
+                data: take_slots(table.pixels, table.decoded, &gathered.slots),
+                size,
+            },
+            ImageTowerConfig::DemoCnn {
+                image_size: size,
+                width: cfg.cnn_width,
+            },
+        ),
+        (ImagePath::Column { dim }, _) => (
+            ImageInputs::Embeddings {
+                data: take_slots(table.embeddings, table.decoded, &gathered.slots),
+                dim,
+                local: None,
+            },
+            ImageTowerConfig::Precomputed {
+                dim,
+                local_dim: None,
+            },
+        ),
+        (ImagePath::Tower, Some(f)) => {
+            let local_dim = local.as_ref().map(|l| l.dim);
+            (
+                ImageInputs::Embeddings {
+                    data: gathered.features,
+                    dim: f.dim,
+                    local,
+                },
+                ImageTowerConfig::Precomputed {
+                    dim: f.dim,
+                    local_dim,
+                },
+            )
+        }
+        (ImagePath::Tower, None) => {
+            return Err(invalid("the image tower returned no features"));
+        }
+    })
+}
+
+/// The text side's head inputs, tower config and (for the demo text tower)
+/// vocabulary for the usable pairs `ok`: `vocab` when given (scoring),
+/// else built over their captions (fit).
+fn text_side(
+    text: TextPath,
+    mut features: Option<SideFeatures>,
+    ok: &[usize],
+    gathered: Gathered,
+    table: TextTable,
+    vocab: Option<&Vocab>,
+    cfg: &TrainConfig,
+) -> Result<(TextInputs, TextTowerConfig, Option<Vocab>)> {
+    let local = match features.as_mut() {
+        Some(f) => pair_local(f, ok)?,
+        None => None,
+    };
+    Ok(match (text, &features) {
+        (TextPath::Column { dim }, _) => (
+            TextInputs::Embeddings {
+                data: take_slots(table.embeddings, table.count, &gathered.slots),
+                dim,
+                local: None,
+            },
+            TextTowerConfig::Precomputed {
+                dim,
+                local_dim: None,
+            },
+            None,
+        ),
+        (_, Some(f)) => {
+            let local_dim = local.as_ref().map(|l| l.dim);
+            (
+                TextInputs::Embeddings {
+                    data: gathered.features,
+                    dim: f.dim,
+                    local,
+                },
+                TextTowerConfig::Precomputed {
+                    dim: f.dim,
+                    local_dim,
+                },
+                None,
+            )
+        }
+        (_, None) => {
+            let captions = gathered.captions;
+            let v = match vocab {
+                Some(v) => v.clone(),
+                None => Vocab::build(
+                    captions.iter().map(String::as_str),
+                    VOCAB_MIN_COUNT,
+                    VOCAB_MAX_SIZE,
+                    VOCAB_MAX_LEN,
+                ),
+            };
+            let tokens = captions.iter().map(|c| v.encode(c)).collect();
+            let text = TextTowerConfig::DemoBow {
+                vocab_size: v.size(),
+                dim: cfg.word_dim,
+            };
+            (TextInputs::Tokens(tokens), text, Some(v))
+        }
     })
 }
 

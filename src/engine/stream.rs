@@ -20,13 +20,14 @@ use std::time::Instant;
 use ncclean_pipelines::scoring::{ScoreBlock, ScoreBlocks, SCORE_BLOCK_PAIRS};
 use ncclean_pipelines::PairScores;
 
-use super::checkpointed::Engine;
 use super::labels::label_rows;
-use super::prepare::{Prepared, Preparer, READ_BATCH_ROWS};
+use super::prepare::{Prepared, Preparer};
+use super::trained::Engine;
+use crate::data::READ_BATCH_ROWS;
 use crate::data::{InputSet, LabelRow, RowWindows};
 use crate::error::{invalid, Result};
-use crate::features::CacheOptions;
-use crate::progress::Reporter;
+use crate::runtime::progress::Reporter;
+use crate::towers::features::CacheOptions;
 
 /// The labels of one block of a file, in row order, with its counts.
 #[derive(Debug, Clone)]
@@ -40,7 +41,7 @@ pub struct BlockLabels {
     pub noisy: usize,
     /// The engine's cut over the block's pairs (merged over blocks and
     /// files into the whole input's).
-    pub tally: crate::threshold::Tally,
+    pub tally: crate::curation::threshold::Tally,
     /// Seconds in the model's scoring pass.
     pub seconds: f64,
     /// What a check against random pairings of the file's first block says
@@ -176,7 +177,7 @@ impl Engine {
         let mut windows = RowWindows::new(input.pairs(READ_BATCH_ROWS));
         let mut start = 0;
         for (b, &end) in blocks.blocks().iter().zip(&ends) {
-            crate::interrupt::check()?;
+            crate::runtime::interrupt::check()?;
             let run = preparer.prepare(windows.before(end), end - start, vocab, rep)?;
             self.check_features(input, &run)?;
             if run.prepared.ok.len() != b.len || run.prepared.rows.len() != end - start {
@@ -216,11 +217,12 @@ impl Engine {
         let seconds = started.elapsed().as_secs_f64();
         let bound = self.cut().bound();
         let labels = label_rows(input, prepared, &scores, bound);
-        let mut tally = crate::threshold::Tally::default();
-        let pairs = crate::threshold::Ranked::pairs(&scores.clean_prob, &scores.similarity);
+        let mut tally = crate::curation::threshold::Tally::default();
+        let pairs =
+            crate::curation::threshold::Ranked::pairs(&scores.clean_prob, &scores.similarity);
         tally.add(&pairs, bound);
         let pairs = prepared.ok.len();
-        let noise = crate::threshold::estimated_noise_rate(&scores.clean_prob);
+        let noise = crate::curation::threshold::estimated_noise_rate(&scores.clean_prob);
         // One check a file, on its first block (a file's blocks are alike).
         let warning = if block.index == 0 {
             let all: Vec<usize> = (0..pairs).collect();

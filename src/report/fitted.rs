@@ -1,28 +1,9 @@
-//! What `fit` records about its final division for the report: the fitted
-//! mixture and a histogram of the statistic it was fitted on, both on the
-//! mixture's normalised scale, small enough for `stats.json`.
+//! The fitted mixture drawn over the statistic it was fitted on: the
+//! report's part of the [`DivisionRecord`] that `fit` writes.
 
-use ncclean_pipelines::division::{CleanSide, Division};
-use serde::{Deserialize, Serialize};
+use ncclean_pipelines::division::CleanSide;
 
-use super::histogram::Histogram;
-
-/// Bins of the recorded statistic histogram over the normalised [0, 1].
-pub const STATISTIC_BINS: usize = 40;
-
-/// The final division and the statistic it divided.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DivisionRecord {
-    /// How the method computes the statistic, in its own words.
-    pub statistic: Option<String>,
-    /// The division as fitted: mixture family, clean side, the min–max
-    /// normaliser, the parameters, and any fallback.
-    pub division: Division,
-    /// The scored pairs' statistic, normalised by the division's
-    /// normaliser (so on the scale the mixture lives on), in
-    /// [`STATISTIC_BINS`] bins over [0, 1].
-    pub histogram: Histogram,
-}
+use crate::curation::division_record::DivisionRecord;
 
 /// The mixture's two components as expected pair counts per histogram bin,
 /// at points across [0, 1].
@@ -36,34 +17,8 @@ pub struct Overlay {
     pub noisy: Vec<f64>,
 }
 
+/// Drawing the record: the report's part of it.
 impl DivisionRecord {
-    /// The record of the division in a pipeline's checkpoint state (its
-    /// `division` entry, and the method's own description of its statistic
-    /// where it gives one) and the raw statistic of the scored pairs;
-    /// `None` when the state holds no division.
-    pub fn of(pipeline_state: &serde_json::Value, scores: &[f32]) -> Option<DivisionRecord> {
-        let division: Division =
-            serde_json::from_value(pipeline_state.get("division")?.clone()).ok()?;
-        let histogram = Histogram::of(
-            scores
-                .iter()
-                .filter(|s| s.is_finite())
-                .map(|&s| division.normaliser.apply(f64::from(s))),
-            0.0,
-            1.0,
-            STATISTIC_BINS,
-        );
-        let statistic = ["/method/division_statistic", "/division_statistic"]
-            .iter()
-            .find_map(|p| pipeline_state.pointer(p)?.as_str())
-            .map(str::to_string);
-        Some(DivisionRecord {
-            statistic,
-            division,
-            histogram,
-        })
-    }
-
     /// The fitted components scaled to the histogram (pairs × bin width ×
     /// weighted density, so the curves sum to the bars' heights where the
     /// mixture fits), at `points` evenly spaced values; `None` when no
@@ -98,41 +53,12 @@ impl DivisionRecord {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    fn gmm_state() -> serde_json::Value {
-        serde_json::json!({"division": {
-            "kind": "gmm", "side": "high_mean",
-            "normaliser": {"min": 2.0, "max": 4.0},
-            "mixture": {"kind": "gmm", "weights": [0.5, 0.5], "means": [0.2, 0.8],
-                        "variances": [0.01, 0.04]},
-            "clean_component": 1, "fallback": null, "iterations": 3, "converged": true
-        }})
-    }
-
-    #[test]
-    fn records_the_normalised_statistic_and_the_mixture() {
-        // Raw 2..4 normalise to 0..1: 2 -> 0, 3 -> 0.5, 4 -> 1 (last bin),
-        // 9 clamps to 1; NaN is passed over.
-        let mut state = gmm_state();
-        state["method"] = serde_json::json!({"division_statistic": "loss"});
-        let r = DivisionRecord::of(&state, &[2.0, 3.0, 4.0, 9.0, f32::NAN]).unwrap();
-        assert_eq!(r.histogram.total(), 4);
-        assert_eq!(r.histogram.counts[0], 1);
-        assert_eq!(r.histogram.counts[STATISTIC_BINS / 2], 1);
-        assert_eq!(r.histogram.counts[STATISTIC_BINS - 1], 2);
-        assert_eq!(r.statistic.as_deref(), Some("loss"));
-        assert!(DivisionRecord::of(&serde_json::json!({}), &[1.0]).is_none());
-        assert_eq!(
-            DivisionRecord::of(&gmm_state(), &[1.0]).unwrap().statistic,
-            None
-        );
-    }
+    use crate::curation::division_record::test_states::{gmm_state, record};
 
     #[test]
     fn overlay_scales_the_weighted_densities_to_bar_heights() {
         let scores: Vec<f32> = (0..100).map(|i| 2.0 + 2.0 * i as f32 / 99.0).collect();
-        let r = DivisionRecord::of(&gmm_state(), &scores).unwrap();
+        let r = record(&gmm_state(), &scores).unwrap();
         let o = r.overlay(11).unwrap();
         // x = 0.2 is point 2. Noisy is component 0 (the clean one is 1):
         // 100 pairs × 0.025 bin width × 0.5 × 1/sqrt(2π·0.01) = 4.986779.
@@ -152,7 +78,7 @@ mod tests {
         let mut state = gmm_state();
         state["division"]["mixture"] = serde_json::Value::Null;
         state["division"]["fallback"] = serde_json::json!("constant");
-        let r = DivisionRecord::of(&state, &[1.0, 2.0]).unwrap();
+        let r = record(&state, &[1.0, 2.0]).unwrap();
         assert!(r.overlay(10).is_none());
     }
 }

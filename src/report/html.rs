@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::threshold::Cut;
+use crate::curation::threshold::Cut;
 
 /// Everything the page shows, already computed.
 #[derive(Debug, Clone, Default)]

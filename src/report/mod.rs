@@ -11,10 +11,9 @@
 //! [`html::render`] writes it out. The charts come from `plots`
 //! (plotters' SVG backend), the pictures from `thumbs`, read back from
 //! the run's inputs. What `fit` records for the mixture chart is
-//! [`DivisionRecord`].
+//! [`DivisionRecord`](crate::curation::division_record::DivisionRecord).
 
 mod fitted;
-mod histogram;
 mod html;
 mod plots;
 mod run;
@@ -25,8 +24,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-pub use fitted::{DivisionRecord, Overlay, STATISTIC_BINS};
-pub use histogram::Histogram;
+use crate::curation::histogram::Histogram;
+
+pub use fitted::Overlay;
 pub use html::{escape, render, Chart, Example, Group, Page};
 pub use plots::{BAR, CLEAN, NOISY};
 pub use run::{load, RunRecord};
@@ -35,9 +35,9 @@ pub use thumbs::{data_uri, thumbnail, Shown, Source, THUMB_PX};
 
 use ncclean_pipelines::division::{Fallback, MixtureKind};
 
+use crate::curation::threshold::{self, percent, Ranked, Rule};
 use crate::data::RowStatus;
 use crate::error::Result;
-use crate::threshold::{self, percent, Ranked, Rule};
 
 /// Bins of the `clean_prob` and similarity histograms.
 pub const HIST_BINS: usize = 40;
@@ -95,7 +95,9 @@ pub fn write(dir: &Path, out: &Path, opts: &Options) -> Result<Summary> {
     Ok(summary)
 }
 
-/// The page for `run` (pictures are read from the run's inputs).
+/// The page for `run` (pictures are read from the run's inputs), section by
+/// section: `distributions`, `curves`, the cut table (`cuts`) and the
+/// example pairs (`examples`).
 pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
     let scored: Vec<Option<f32>> = run
         .labels
@@ -106,12 +108,6 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
         })
         .collect();
     let probs: Vec<f32> = scored.iter().flatten().copied().collect();
-    let sims: Vec<f64> = run
-        .labels
-        .iter()
-        .filter(|l| l.status == RowStatus::Ok)
-        .filter_map(|l| l.similarity.map(f64::from))
-        .collect();
     // fit's warnings first: they say whether the rest can be trusted.
     let mut notes: Vec<String> = run
         .warnings
@@ -123,10 +119,49 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
         facts: facts(run, &probs),
         ..Page::default()
     };
+    let mixture_drawn;
+    (page.distributions, mixture_drawn) = distributions(run, &probs, &mut notes)?;
+    page.curves = curves(run)?;
+    page.cuts = cuts(run);
+    let (groups, wanted, missing) = examples(run, &scored, opts);
+    page.groups = groups;
+    if let Some(first) = missing.first() {
+        notes.push(format!(
+            "{} of {} pictures could not be shown; the first because: {first}",
+            missing.len(),
+            wanted
+        ));
+    }
+    page.notes = notes;
+    let summary = Summary {
+        out: PathBuf::new(),
+        rows: run.labels.len(),
+        scored: probs.len(),
+        shown: wanted,
+        pictures_missing: missing.len(),
+        mixture_drawn,
+    };
+    Ok((page, summary))
+}
 
+/// The distributions: clean_prob with the threshold, the similarity, and
+/// the division statistic with the fitted mixture over it (whether it was
+/// drawn is the second value; what is missing goes to `notes`).
+fn distributions(
+    run: &RunRecord,
+    probs: &[f32],
+    notes: &mut Vec<String>,
+) -> Result<(Vec<Chart>, bool)> {
+    let sims: Vec<f64> = run
+        .labels
+        .iter()
+        .filter(|l| l.status == RowStatus::Ok)
+        .filter_map(|l| l.similarity.map(f64::from))
+        .collect();
+    let mut charts = Vec::new();
     let clean_hist = Histogram::of(probs.iter().map(|&p| f64::from(p)), 0.0, 1.0, HIST_BINS);
     let threshold_label = format!("threshold {}", run.threshold);
-    page.distributions.push(Chart {
+    charts.push(Chart {
         svg: plots::histogram_svg(&plots::Bars {
             title: "clean_prob",
             x_label: "clean_prob (P(pair is matched))",
@@ -139,7 +174,7 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
             probs.len()
         ),
     });
-    page.distributions.push(Chart {
+    charts.push(Chart {
         svg: plots::histogram_svg(&plots::Bars {
             title: "similarity",
             x_label: "image-caption similarity",
@@ -158,7 +193,7 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
                 MixtureKind::Gmm => "Gaussian",
                 MixtureKind::Bmm => "Beta",
             };
-            page.distributions.push(Chart {
+            charts.push(Chart {
                 svg: plots::histogram_svg(&plots::Bars {
                     title: "division statistic and the fitted mixture",
                     x_label: "statistic, min-max normalised",
@@ -186,7 +221,11 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
                 .into(),
         ),
     }
+    Ok((charts, mixture_drawn))
+}
 
+/// The training curves: loss and the share called clean, per epoch.
+fn curves(run: &RunRecord) -> Result<Vec<Chart>> {
     let loss: Vec<(f64, f64)> = run
         .epochs
         .iter()
@@ -197,14 +236,15 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
         .iter()
         .filter_map(|e| e.clean_fraction.map(|c| ((e.epoch + 1) as f64, c)))
         .collect();
+    let mut charts = Vec::new();
     if !loss.is_empty() {
-        page.curves.push(Chart {
+        charts.push(Chart {
             svg: plots::curve_svg("training loss", "mean loss", &loss, None)?,
             caption: "Mean training loss of each epoch.".into(),
         });
     }
     if !clean_fraction.is_empty() {
-        page.curves.push(Chart {
+        charts.push(Chart {
             svg: plots::curve_svg(
                 "clean fraction",
                 "fraction called clean",
@@ -215,20 +255,35 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
                 .into(),
         });
     }
+    Ok(charts)
+}
 
+/// What a range of cuts would keep: the keep fractions, the run's own
+/// threshold and the estimated noise rate removed.
+fn cuts(run: &RunRecord) -> Vec<threshold::Cut> {
     let ranked: Vec<Ranked> = run
         .labels
         .iter()
         .filter(|l| l.status == RowStatus::Ok)
         .filter_map(|l| l.clean_prob.map(|p| Ranked::new(p, l.similarity)))
         .collect();
-    page.cuts = threshold::table(&ranked, &KEEP_FRACTIONS);
-    page.cuts
-        .push(Rule::MinProb(run.threshold).resolve(&ranked));
-    page.cuts.push(Rule::RemoveNoise(None).resolve(&ranked));
+    let mut cuts = threshold::table(&ranked, &KEEP_FRACTIONS);
+    cuts.push(Rule::MinProb(run.threshold).resolve(&ranked));
+    cuts.push(Rule::RemoveNoise(None).resolve(&ranked));
+    cuts
+}
 
+/// The example pairs: the most suspicious, borderline and most confident,
+/// with their pictures and captions read from the run's inputs. Also the
+/// number of pictures asked for and why those that could not be shown
+/// were not.
+fn examples(
+    run: &RunRecord,
+    scored: &[Option<f32>],
+    opts: &Options,
+) -> (Vec<Group>, usize, Vec<String>) {
     let per_group = opts.per_group.min(MAX_PER_GROUP);
-    let picks = pick(&scored, per_group, run.threshold);
+    let picks = pick(scored, per_group, run.threshold);
     let groups = [
         (
             "Most suspicious pairs",
@@ -253,6 +308,7 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
         .collect();
     let mut shown = thumbs::read(&run.source, &wanted).into_iter();
     let mut missing = Vec::new();
+    let mut out = Vec::new();
     for (title, about, rows) in groups {
         let mut pairs = Vec::with_capacity(rows.len());
         for &i in rows {
@@ -272,29 +328,13 @@ pub fn build(run: &RunRecord, opts: &Options) -> Result<(Page, Summary)> {
                 image: s.image,
             });
         }
-        page.groups.push(Group {
+        out.push(Group {
             title: title.into(),
             about: about.into(),
             pairs,
         });
     }
-    if let Some(first) = missing.first() {
-        notes.push(format!(
-            "{} of {} pictures could not be shown; the first because: {first}",
-            missing.len(),
-            wanted.len()
-        ));
-    }
-    page.notes = notes;
-    let summary = Summary {
-        out: PathBuf::new(),
-        rows: run.labels.len(),
-        scored: probs.len(),
-        shown: wanted.len(),
-        pictures_missing: missing.len(),
-        mixture_drawn,
-    };
-    Ok((page, summary))
+    (out, wanted.len(), missing)
 }
 
 /// `s` cut to at most `max` characters, an ellipsis saying it was cut.

@@ -4,7 +4,7 @@
 use plotters::prelude::*;
 
 use super::fitted::Overlay;
-use super::histogram::Histogram;
+use crate::curation::histogram::Histogram;
 
 /// Chart size in CSS pixels.
 pub const WIDTH: u32 = 560;

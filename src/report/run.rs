@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 
 use ncclean_pipelines::EpochStats;
 
-use super::fitted::DivisionRecord;
 use super::thumbs::Source;
-use crate::data::{ColumnMap, LabelRow};
+use crate::curation::division_record::DivisionRecord;
+use crate::data::LabelRow;
 use crate::error::{invalid, Result};
-use crate::images::ImageLimits;
-use crate::rundir::{self, json_field};
+use crate::run::dir::{self, json_field};
+use crate::run::run_json::{self, RunJson};
 
 /// What the report needs from a run directory.
 #[derive(Debug, Clone)]
@@ -32,55 +32,53 @@ pub struct RunRecord {
     /// What `fit` warned about the division (`stats.json` `warnings`).
     pub warnings: Vec<String>,
     /// `fit`'s check of the trained model against random pairings.
-    pub signal: Option<crate::signal::SignalCheck>,
+    pub signal: Option<crate::curation::division_check::SignalCheck>,
     /// One row per input row.
     pub labels: Vec<LabelRow>,
 }
 
 /// Read the run in `dir` (a directory `ncclean fit --out-dir` wrote).
 pub fn load(dir: &Path) -> Result<RunRecord> {
-    let run_json = dir.join("run.json");
+    let run_json = dir.join(run_json::FILE);
     if !run_json.is_file() {
         return Err(invalid(format!(
             "{}: not an ncclean run directory (it has no run.json); give the --out-dir of `ncclean fit`",
             dir.display()
         )));
     }
-    let run: serde_json::Value = rundir::read_json(&run_json)?;
-    if run.get(crate::rundir::COMPLETE_KEY) != Some(&serde_json::Value::Bool(true)) {
+    let run = RunJson::read(&run_json)?;
+    if !run.complete {
         return Err(invalid(format!(
             "{}: the run is not marked complete; run `ncclean fit` to the end first",
             run_json.display()
         )));
     }
-    let field = |name: &str| run.get(name).cloned().unwrap_or(serde_json::Value::Null);
-    let method = field("method").as_str().unwrap_or("unknown").to_string();
+    let method = run.method.unwrap_or_else(|| "unknown".to_string());
     // The output cut (run.json's `threshold`, since threshold rules); runs
     // from before it labelled at the training threshold.
-    let threshold = ["/threshold/min_prob", "/config/threshold"]
-        .iter()
-        .find_map(|p| run.pointer(p))
-        .and_then(serde_json::Value::as_f64)
+    let threshold = run
+        .threshold
+        .map(|cut| cut.min_prob)
+        .or(run.config.map(|c| c.threshold))
         .filter(|t| *t <= 1.0)
-        .unwrap_or(crate::threshold::DEFAULT_MIN_PROB);
-    let inputs: Vec<String> = serde_json::from_value(field("inputs")).map_err(|e| {
+        .unwrap_or(crate::curation::threshold::DEFAULT_MIN_PROB);
+    let inputs: Vec<String> = run.inputs.ok_or_else(|| {
         invalid(format!(
-            "{}: \"inputs\" is not a list of paths ({e})",
+            "{}: \"inputs\" is not a list of paths",
             run_json.display()
         ))
     })?;
-    let recorded = json_field::<crate::run_inputs::RunInputs>(&run, "input_files")
-        .filter(|r| r.files.len() == inputs.len());
+    let recorded = run.input_files.filter(|r| r.files.len() == inputs.len());
     let source = Source {
         inputs,
-        columns: json_field::<ColumnMap>(&run, "columns"),
-        image_root: json_field(&run, "image_root").flatten(),
-        image_limits: json_field::<ImageLimits>(&run, "image_limits").unwrap_or_default(),
+        columns: run.columns,
+        image_root: run.image_root,
+        image_limits: run.image_limits.unwrap_or_default(),
         recorded,
     };
     let stats_path = dir.join("stats.json");
     let (epochs, division, warnings, signal) = if stats_path.is_file() {
-        let stats: serde_json::Value = rundir::read_json(&stats_path)?;
+        let stats: serde_json::Value = dir::read_json(&stats_path)?;
         let epochs = serde_json::from_value(stats.get("epochs").cloned().unwrap_or_default())
             .map_err(|e| {
                 invalid(format!(
@@ -103,7 +101,7 @@ pub fn load(dir: &Path) -> Result<RunRecord> {
     Ok(RunRecord {
         dir: dir.to_path_buf(),
         method,
-        seed: field("seed").as_u64(),
+        seed: run.seed,
         threshold,
         source,
         epochs,

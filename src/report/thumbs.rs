@@ -12,8 +12,8 @@ use std::path::PathBuf;
 
 use base64::Engine as _;
 
+use crate::data::images::{self, ImageLimits};
 use crate::data::{ColumnMap, ColumnOptions, ImageValue, InputSet};
-use crate::images::{self, ImageLimits};
 
 /// Longest side of a thumbnail, in pixels.
 pub const THUMB_PX: u32 = 128;
@@ -35,7 +35,7 @@ pub struct Source {
     pub image_limits: ImageLimits,
     /// run.json's `input_files` (absolute paths, tar sources), when the
     /// run records them: the inputs are then found from any directory.
-    pub recorded: Option<crate::run_inputs::RunInputs>,
+    pub recorded: Option<crate::run::inputs::RunInputs>,
 }
 
 /// A pair as read back for the report.

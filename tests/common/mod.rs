@@ -97,12 +97,14 @@ pub fn eval_json(labels: &Path, truth: &Path) -> serde_json::Value {
 /// run.json's `checkpoint_sha256` where the run has one.
 pub fn reseal(run: &Path) {
     let ckpt = run.join("checkpoint");
-    ncclean::checkpoint::write_manifest(&ckpt).expect("manifest");
+    ncclean::run::checkpoint::write_manifest(&ckpt).expect("manifest");
     let run_json = run.join("run.json");
     if run_json.is_file() {
         let mut v: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&run_json).expect("run.json")).expect("json");
-        v["checkpoint_sha256"] = ncclean::checkpoint::sha256(&ckpt).expect("sha256").into();
+        v["checkpoint_sha256"] = ncclean::run::checkpoint::sha256(&ckpt)
+            .expect("sha256")
+            .into();
         std::fs::write(&run_json, v.to_string()).expect("rewrite run.json");
     }
 }

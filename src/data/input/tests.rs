@@ -3,9 +3,9 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch};
 
 use super::*;
+use crate::data::images::ImageLimits;
 use crate::data::testutil::{binaries, float_lists, hf_images, strings, write_parquet};
 use crate::data::{ImageValue, Preset};
-use crate::images::ImageLimits;
 
 fn all_pairs(set: &InputSet, batch_rows: usize) -> Vec<PairRow> {
     let mut out = Vec::new();
@@ -167,7 +167,7 @@ fn path_images_resolve_next_to_file_or_under_image_root() {
         rows[0].image,
         Some(ImageValue::Path(dir.path().join("imgs/a.jpg")))
     );
-    // Absolute paths are refused unless asked for (see crate::images).
+    // Absolute paths are refused unless asked for (see crate::data::images).
     assert_eq!(rows[1].image, None);
     assert!(rows[1].problem.as_deref().unwrap().contains("is absolute"));
     assert_eq!(rows[2].problem.as_deref(), Some("image path is empty"));

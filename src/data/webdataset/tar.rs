@@ -327,7 +327,7 @@ impl TarReader {
         while self.len.saturating_sub(at) >= BLOCK {
             blocks += 1;
             if blocks % 65_536 == 0 {
-                crate::interrupt::check()?;
+                crate::runtime::interrupt::check()?;
             }
             self.read_exact_at(at, &mut h)
                 .with_context(|| format!("reading {}", self.path.display()))?;

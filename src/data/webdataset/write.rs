@@ -72,11 +72,11 @@ pub fn write_filtered_tar(
 
 /// A pending output for `out` (its directory created) and a writer of its
 /// temporary.
-fn create(out: &Path) -> Result<(crate::temp::Pending, BufWriter<File>)> {
+fn create(out: &Path) -> Result<(crate::runtime::temp::Pending, BufWriter<File>)> {
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let pending = crate::temp::Pending::new(out)?;
+    let pending = crate::runtime::temp::Pending::new(out)?;
     let file = File::create(pending.tmp_path())
         .with_context(|| format!("creating {}", pending.tmp_path().display()))?;
     Ok((pending, BufWriter::with_capacity(1 << 20, file)))
@@ -105,7 +105,7 @@ fn copy_kept(shard: &Path, keep: &[bool], w: &mut impl Write) -> Result<FilterSu
     while let Some(entry) = reader.next_entry()? {
         entries += 1;
         if entries % 1024 == 0 {
-            crate::interrupt::check()?;
+            crate::runtime::interrupt::check()?;
         }
         match entry {
             Entry::File(m) => {
@@ -149,7 +149,7 @@ fn copy_kept(shard: &Path, keep: &[bool], w: &mut impl Write) -> Result<FilterSu
     }
     let lost = dropped.iter().filter(|&&d| d).count();
     if lost > 0 {
-        crate::progress::warn_once(&format!(
+        crate::runtime::progress::warn_once(&format!(
             "{}: {lost} kept samples lost a member cut short by the end of the file or named with '..' or a leading '/'; the rest of their members are written",
             shard.display()
         ));
@@ -201,7 +201,7 @@ pub(crate) fn write_filtered_parquet(
             continue;
         }
         for item in record_batches(&f.path, layout, input.image_limits.max_bytes, BATCH_ROWS)? {
-            crate::interrupt::check()?;
+            crate::runtime::interrupt::check()?;
             let (batch, index) = item?;
             let want: Vec<bool> = index
                 .iter()
