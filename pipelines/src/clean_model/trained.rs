@@ -32,7 +32,7 @@ const HASH_BITS: u32 = 48;
 
 /// The hash of one pair from the bits of its unit pooled image and caption
 /// features (FNV-1a over the 32-bit words, then a SplitMix64 finaliser),
-/// cut to [`HASH_BITS`].
+/// cut to `HASH_BITS`.
 pub fn pair_hash(image: &[f32], caption: &[f32]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |w: u32| {
