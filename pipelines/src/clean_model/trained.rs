@@ -165,7 +165,7 @@ impl TrainedPairs {
             return None;
         }
         let word = |v: f32| -> Option<u64> {
-            (v >= 0.0 && v < 16_777_216.0 && v.fract() == 0.0).then_some(v as u64)
+            ((0.0..16_777_216.0).contains(&v) && v.fract() == 0.0).then_some(v as u64)
         };
         a.chunks(2)
             .map(|c| Some((word(c[0])? << 24) | word(c[1])?))
