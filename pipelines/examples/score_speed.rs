@@ -20,7 +20,7 @@ use ncclean_models::rng::Rng;
 use ncclean_models::{
     ImageInputs, ImageTowerConfig, LocalFeatures, PairInputs, TextInputs, TextTowerConfig,
 };
-use ncclean_pipelines::config::{model_config, resolve};
+use ncclean_pipelines::presets::{model_config, resolve};
 use ncclean_pipelines::Silent;
 
 /// User + system CPU seconds of this process so far (Linux; 0 elsewhere):

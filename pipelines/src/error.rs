@@ -28,3 +28,8 @@ pub enum Error {
 
 /// Result with the pipelines' [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The error of scoring before any division was fitted.
+pub fn not_fitted() -> Error {
+    Error::State("this pipeline has no fitted division; run fit first".into())
+}

@@ -8,9 +8,31 @@
 //! methods. Pipelines know nothing of files: the engine in the `ncclean`
 //! crate hands them in-memory inputs.
 //!
+//! # Module order
+//!
+//! Each layer imports only the ones before it, so no module cycle remains
+//! (test modules may reach higher, to run a method end to end):
+//!
+//! 1. leaves: [`error`], [`params`], [`streams`] (the named seed streams and
+//!    `EMBED_CHUNK`), [`batches`], [`adam`], [`division`], [`losses`],
+//!    [`batch_stats`], [`frozen_rows`], then [`config`] (the [`TrainConfig`]
+//!    type and `--set` parsing) and [`net`];
+//! 2. [`scoring`], [`pipeline`], [`clean_model`], then the
+//!    [`method::Method`] trait;
+//! 3. [`methods`]: one file per method, over the layers above;
+//! 4. [`runner`]: the loop any method runs in;
+//! 5. [`registry`]: the table of methods (each row names its file's type
+//!    and `runner::build`);
+//! 6. [`presets`]: a method's configuration resolved from its registry row
+//!    (preset, user file, flags) and the matching head it needs.
+//!
 //! # Adding a method
 //!
-//! 1. **One file with its math**, `src/<name>.rs`: the paper's losses and
+//! A new method touches exactly four places (never [`runner`], [`config`]
+//! or [`presets`]):
+//!
+//! 1. **One file with its math**, `src/methods/<name>.rs` (and its
+//!    `pub mod` line in `src/methods/mod.rs`): the paper's losses and
 //!    label rules as free functions over batch similarity matrices (with
 //!    hand-computed unit tests), a params struct parsed from `[params]`
 //!    (`TrainConfig::method_params`, `deny_unknown_fields`, a `validate`
@@ -25,8 +47,10 @@
 //!    updates from the training pass), `keep_fitted`, and `state` /
 //!    `load_state` / `pair_arrays` for label state. Shared math is in
 //!    [`losses`] (hinge, soft margin, `p_i`, InfoNCE) and [`scoring`]
-//!    (shuffled-batch statistics, `divide`). The module doc lists where the
-//!    method departs from its paper.
+//!    (shuffled-batch statistics, `divide`), seed streams in [`streams`]
+//!    (never new names for existing draws: they fix every label). The file
+//!    imports only those leaf modules, never the runner or the registry. The
+//!    module doc lists where the method departs from its paper.
 //! 2. **One registry row** in [`registry::METHODS`]: name, one-line summary
 //!    (shown by `ncclean fit --help`), preset, whether its losses need local
 //!    features, and `build: runner::build::<YourMethod>`. The CLI's
@@ -45,24 +69,22 @@ pub mod batch_stats;
 pub mod batches;
 pub mod clean_model;
 pub mod config;
-pub mod crcl;
 pub mod division;
 pub mod error;
-pub mod esc;
 pub mod frozen_rows;
-pub mod gsc;
 pub mod losses;
 pub mod method;
+pub mod methods;
 pub mod net;
 pub mod params;
 pub mod pipeline;
-pub mod recon;
+pub mod presets;
 pub mod registry;
 pub mod runner;
 pub mod scoring;
+pub mod streams;
 #[cfg(test)]
 mod test_support;
-pub mod vanilla;
 
 use candle_core::Device;
 use ncclean_models::ModelConfig;

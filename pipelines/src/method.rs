@@ -28,8 +28,8 @@ use crate::error::Result;
 use crate::losses::per_sample_hinge;
 use crate::net::Net;
 use crate::pipeline::PairScores;
-use crate::runner::Streams;
 use crate::scoring::{ScoreBlocks, Shuffles, Ticks};
+use crate::streams::Streams;
 
 /// The pairs each network trains on in one epoch, and what the epoch log says.
 #[derive(Debug, Clone, PartialEq)]

@@ -7,9 +7,9 @@ use ncclean_models::ModelConfig;
 
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
+use crate::methods::{crcl, esc, gsc, recon, vanilla};
 use crate::pipeline::Pipeline;
 use crate::runner::{build, validate_params};
-use crate::{crcl, esc, gsc, recon, vanilla};
 
 /// Builds a fresh pipeline of one method from its configuration, model,
 /// seed and device.
@@ -117,7 +117,7 @@ mod tests {
         for m in METHODS {
             assert!(find(m.name).is_ok());
             // Every preset parses into a configuration.
-            let c = crate::config::resolve(m.name, None, &toml::Table::new());
+            let c = crate::presets::resolve(m.name, None, &toml::Table::new());
             assert!(c.is_ok(), "{}: {:?}", m.name, c.err());
         }
         let e = find("nope").err().expect("unknown method");

@@ -20,101 +20,12 @@ use crate::clean_model::trained::{SavedQuantiles, TrainedPairs};
 use crate::clean_model::Reference;
 use crate::config::{CleanProbSource, TrainConfig};
 use crate::division::Division;
-use crate::error::{Error, Result};
+use crate::error::{not_fitted, Error, Result};
 use crate::method::{Batch, EpochCtx, Method, Plan, ScoreCtx};
 use crate::net::Net;
 use crate::pipeline::{EpochStats, Observer, PairScores, Pipeline};
 use crate::scoring::{ScoreBlocks, Ticks};
-
-/// Pairs embedded per forward pass when a whole dataset is embedded without
-/// gradients (scoring, division passes, retrieval).
-pub const EMBED_CHUNK: usize = 512;
-
-/// The named random streams of a run, all derived from its seed.
-///
-/// Every random choice has its own stream, so adding a draw somewhere does
-/// not shift the others and a seed fixes the whole run. The names are part
-/// of the output: changing one changes every label the run writes.
-///
-/// - `{method}-net{k}-init` (k ≥ 1): initial weights of network k; network 0
-///   uses the run seed itself ([`Streams::init`]);
-/// - `epoch-{e}`: the division shuffles and then the batch order of a
-///   single-network method ([`Streams::epoch`]);
-/// - `epoch-{e}-division-net{k}` and `epoch-{e}-batches-net{k}`: the same
-///   for network k of co-taught methods ([`Streams::division`],
-///   [`Streams::batches`]);
-/// - `score-shuffles`: the shuffles of every scoring pass, identical for all
-///   networks so `fit`'s labels and `ncclean score` see the same batches
-///   ([`Streams::score`]); it shuffles the first block of every shard, and
-///   `score-shuffles-block-{b}` the block `b` ≥ 1 of a shard
-///   ([`Streams::score_block`], [`crate::scoring::ScoreBlocks`]).
-///
-/// Two methods keep names from before this scheme, so that their outputs
-/// did not move: CRCL's piece initialisation `piece-{p}` and GSC's batch
-/// order `gsc-epoch-{e}-net{k}` (through [`Streams::named`]).
-#[derive(Debug, Clone)]
-pub struct Streams {
-    seed: u64,
-    method: &'static str,
-}
-
-impl Streams {
-    /// The streams of a run of `method` with `seed`.
-    pub fn new(seed: u64, method: &'static str) -> Streams {
-        Streams { seed, method }
-    }
-
-    /// The run seed.
-    pub fn seed(&self) -> u64 {
-        self.seed
-    }
-
-    /// Initialisation seed of network `k`.
-    pub fn init(&self, k: usize) -> u64 {
-        if k == 0 {
-            self.seed
-        } else {
-            self.named(&format!("{}-net{k}-init", self.method))
-                .next_u64()
-        }
-    }
-
-    /// The stream of epoch `e`.
-    pub fn epoch(&self, e: usize) -> Rng {
-        self.named(&format!("epoch-{e}"))
-    }
-
-    /// Division shuffles of network `k` in epoch `e`.
-    pub fn division(&self, e: usize, k: usize) -> Rng {
-        self.named(&format!("epoch-{e}-division-net{k}"))
-    }
-
-    /// Batch order of network `k` in epoch `e`.
-    pub fn batches(&self, e: usize, k: usize) -> Rng {
-        self.named(&format!("epoch-{e}-batches-net{k}"))
-    }
-
-    /// The scoring shuffles (fresh for every network and every pass).
-    pub fn score(&self) -> Rng {
-        self.named("score-shuffles")
-    }
-
-    /// The scoring shuffles of block `b` of a shard. Block 0 uses
-    /// [`Streams::score`], so data of one block scores as it did before
-    /// scoring was cut into blocks.
-    pub fn score_block(&self, b: usize) -> Rng {
-        if b == 0 {
-            self.score()
-        } else {
-            self.named(&format!("score-shuffles-block-{b}"))
-        }
-    }
-
-    /// Any other stream, by name.
-    pub fn named(&self, name: &str) -> Rng {
-        Rng::derive(self.seed, name)
-    }
-}
+use crate::streams::{Streams, EMBED_CHUNK};
 
 /// Names of the clean model's reference arrays in the per-pair state.
 const REFERENCE_IMAGES: &str = "clean_model.reference.images";
@@ -194,11 +105,6 @@ fn load_clean_model(
         neighbours: saved.neighbours,
         trained,
     })
-}
-
-/// The error of scoring before any division was fitted.
-pub fn not_fitted() -> Error {
-    Error::State("this pipeline has no fitted division; run fit first".into())
 }
 
 /// A method with its networks: the loop around the method's math.
@@ -937,7 +843,7 @@ mod tests {
             sets.retain(|s| !s.starts_with("params.clean_only"));
         }
         let over = crate::config::parse_sets(&sets).expect("sets parse");
-        crate::config::resolve(method, None, &over).expect("config resolves")
+        crate::presets::resolve(method, None, &over).expect("config resolves")
     }
 
     #[test]
@@ -1269,10 +1175,10 @@ mod tests {
         let mut txt: Vec<f32> = img.iter().map(|x| x + 0.1 * rng.normal() as f32).collect();
         txt[n * 4 / 5 * 6..].rotate_left(6);
         let data = crate::test_support::embedding_pairs(img, txt, 6);
-        check::<crate::vanilla::Vanilla>("vanilla", &data)?;
-        check::<crate::esc::Esc>("esc", &data)?;
-        check::<crate::gsc::Gsc>("gsc", &data)?;
-        check::<crate::crcl::Crcl>("crcl", &data)?;
+        check::<crate::methods::vanilla::Vanilla>("vanilla", &data)?;
+        check::<crate::methods::esc::Esc>("esc", &data)?;
+        check::<crate::methods::gsc::Gsc>("gsc", &data)?;
+        check::<crate::methods::crcl::Crcl>("crcl", &data)?;
         Ok(())
     }
 
@@ -1283,7 +1189,7 @@ mod tests {
         let mut cfg = config("vanilla");
         cfg.lr = 1e30;
         cfg.grad_clip = 0.0;
-        let mut p = Runner::<crate::vanilla::Vanilla>::new(cfg, &model, 5, &Device::Cpu)?;
+        let mut p = Runner::<crate::methods::vanilla::Vanilla>::new(cfg, &model, 5, &Device::Cpu)?;
         let err = (0..3)
             .map(|e| p.run_epoch(e, &data, &mut Silent))
             .find_map(|r| r.err())
@@ -1301,8 +1207,12 @@ mod tests {
     fn non_finite_weights_are_refused_and_unmeasurable_pairs_are_never_clean() -> Result<()> {
         let data = data();
         let model = crate::test_support::precomputed_model(6, 8, 16);
-        let mut p =
-            Runner::<crate::vanilla::Vanilla>::new(config("vanilla"), &model, 5, &Device::Cpu)?;
+        let mut p = Runner::<crate::methods::vanilla::Vanilla>::new(
+            config("vanilla"),
+            &model,
+            5,
+            &Device::Cpu,
+        )?;
         for e in 0..p.total_epochs() {
             p.run_epoch(e, &data, &mut Silent)?;
         }

@@ -23,7 +23,7 @@ use crate::batches::shuffled_batches;
 use crate::config::TrainConfig;
 use crate::division::{CleanSide, Division};
 use crate::net::Net;
-use crate::runner::{Streams, EMBED_CHUNK};
+use crate::streams::{Streams, EMBED_CHUNK};
 
 /// Most pairs in one scoring block (or one batch, if larger). A file of up
 /// to this many pairs is one block, shuffled as a whole (as before blocks

@@ -124,7 +124,7 @@ fn config() -> TrainConfig {
     .map(String::from)
     .to_vec();
     let over = ncclean_pipelines::config::parse_sets(&sets).expect("sets parse");
-    ncclean_pipelines::config::resolve("vanilla", None, &over).expect("config resolves")
+    ncclean_pipelines::presets::resolve("vanilla", None, &over).expect("config resolves")
 }
 
 fn fit(data: &PairInputs) -> Result<Runner<CleanHinge>> {

@@ -146,7 +146,7 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         None => None,
     };
     let (config, notes) =
-        ncclean_pipelines::config::resolve_with_notes(&a.method, user.as_deref(), &overrides(&a)?)
+        ncclean_pipelines::presets::resolve_with_notes(&a.method, user.as_deref(), &overrides(&a)?)
             .map_err(|e| match &a.config {
                 Some(p) => invalid(format!("{}: {e}", p.display())),
                 None => Error::Usage(e),

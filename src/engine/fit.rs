@@ -180,7 +180,7 @@ fn prepare(
     rep: &Reporter,
 ) -> Result<PreparedRun> {
     let cfg = &opts.config;
-    let want_local = ncclean_pipelines::config::head_for(&opts.method, cfg).local;
+    let want_local = ncclean_pipelines::presets::head_for(&opts.method, cfg).local;
     let preparer = Preparer::new(input, &opts.encoders, cfg, want_local, &opts.cache, device)?;
     if let Some(earlier) = crate::run::inputs::earlier_run(run_dir.out()) {
         // With a default --out-dir, a second dataset's fit would otherwise
@@ -262,7 +262,7 @@ fn train(
 ) -> Result<Trained> {
     let cfg = &opts.config;
     let prepared = &run.prepared;
-    let model = ncclean_pipelines::config::model_config(
+    let model = ncclean_pipelines::presets::model_config(
         &opts.method,
         cfg,
         run.image.clone(),

@@ -124,7 +124,7 @@ mod tests {
     #[test]
     fn config_hash_is_short_stable_and_follows_the_config() {
         let none = toml::Table::new();
-        let cfg = ncclean_pipelines::config::resolve("vanilla", None, &none).unwrap();
+        let cfg = ncclean_pipelines::presets::resolve("vanilla", None, &none).unwrap();
         let h = config_hash(&cfg);
         assert_eq!(h.len(), 16);
         assert!(h.chars().all(|c| c.is_ascii_hexdigit()));

@@ -513,8 +513,8 @@ fn training(opts: &CheckOptions, s: &Sizes, log: &dyn Fn(&str)) -> Result<Value>
         let warmup = if method == "vanilla" { 1 } else { 0 };
         overrides.insert("warmup_epochs".into(), toml::Value::Integer(warmup));
         overrides.insert("lr_decay_epochs".into(), toml::Value::Array(Vec::new()));
-        let cfg =
-            ncclean_pipelines::config::resolve(method, None, &overrides).map_err(|e| anyhow!(e))?;
+        let cfg = ncclean_pipelines::presets::resolve(method, None, &overrides)
+            .map_err(|e| anyhow!(e))?;
         let model = ModelConfig {
             image: ImageTowerConfig::Precomputed {
                 dim: s.dim,

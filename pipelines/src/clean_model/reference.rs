@@ -179,10 +179,10 @@ impl Reference {
     /// weights. `images` `[n, image_dim]` and `texts` `[n, text_dim]` are
     /// unit features on any device; NaN when no reference image is left.
     ///
-    /// On the CPU the queries are cut into [`PIECE`]-row pieces of the
-    /// [`CHUNK`]-row chunks, each searched and scored on its own on the
+    /// On the CPU the queries are cut into `PIECE`-row pieces of the
+    /// `CHUNK`-row chunks, each searched and scored on its own on the
     /// thread pool ([`par_map`]); the cosines are the same bits as one
-    /// product per chunk (see [`pieces`]), so the scores are too.
+    /// product per chunk (see `pieces`), so the scores are too.
     pub fn score(&self, images: &Tensor, texts: &Tensor, k: usize) -> Result<Vec<f32>> {
         let n = images.dim(0)?;
         let device = images.device().clone();

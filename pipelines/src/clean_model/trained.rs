@@ -32,7 +32,7 @@ const HASH_BITS: u32 = 48;
 
 /// The hash of one pair from the bits of its unit pooled image and caption
 /// features (FNV-1a over the 32-bit words, then a SplitMix64 finaliser),
-/// cut to [`HASH_BITS`].
+/// cut to `HASH_BITS`.
 pub fn pair_hash(image: &[f32], caption: &[f32]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |w: u32| {
@@ -165,7 +165,7 @@ impl TrainedPairs {
             return None;
         }
         let word = |v: f32| -> Option<u64> {
-            (v >= 0.0 && v < 16_777_216.0 && v.fract() == 0.0).then_some(v as u64)
+            ((0.0..16_777_216.0).contains(&v) && v.fract() == 0.0).then_some(v as u64)
         };
         a.chunks(2)
             .map(|c| Some((word(c[0])? << 24) | word(c[1])?))

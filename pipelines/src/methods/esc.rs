@@ -93,10 +93,10 @@ use crate::method::{Batch, EpochCtx, Method, PairArray, Plan, ScoreCtx};
 use crate::net::Net;
 use crate::params::{non_negative, unit_interval};
 use crate::pipeline::PairScores;
-use crate::runner::EMBED_CHUNK;
 use crate::scoring::{
     batch_of, divide, mean_of, pair_similarity, par_map, shuffled_batch_list, Shuffles, PAR_WINDOW,
 };
+use crate::streams::EMBED_CHUNK;
 /// Cosines at or below this carry no usable ratio (see the departures).
 const RATIO_EPS: f32 = 1e-6;
 
@@ -837,7 +837,7 @@ mod tests {
 
     fn train_cfg() -> TrainConfig {
         let mut t =
-            crate::config::resolve("esc", None, &toml::Table::new()).expect("preset parses");
+            crate::presets::resolve("esc", None, &toml::Table::new()).expect("preset parses");
         t.batch_size = 4;
         t
     }

@@ -378,7 +378,7 @@ impl Method for Recon {
 
     /// Fails unless both towers give local features and the model has local
     /// heads (the registry marks recon as needing them, so
-    /// [`crate::config::model_config`] builds them).
+    /// [`crate::presets::model_config`] builds them).
     fn new(cfg: &TrainConfig, model: &ModelConfig) -> Result<Self> {
         let params: ReconParams = cfg.method_params("recon").map_err(Error::Config)?;
         params.validate()?;
@@ -399,7 +399,7 @@ impl Method for Recon {
         }
         if !model.head.local {
             return Err(Error::Config(
-                "recon needs a model with local heads; build its model with config::model_config"
+                "recon needs a model with local heads; build its model with presets::model_config"
                     .into(),
             ));
         }
@@ -638,7 +638,7 @@ mod tests {
 
     #[test]
     fn precomputed_towers_are_rejected_up_front() {
-        let cfg = crate::config::resolve("recon", None, &toml::Table::new()).expect("preset");
+        let cfg = crate::presets::resolve("recon", None, &toml::Table::new()).expect("preset");
         let model = ModelConfig {
             image: ImageTowerConfig::Precomputed {
                 dim: 4,

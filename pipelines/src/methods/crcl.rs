@@ -80,8 +80,8 @@ use crate::losses::{diagonal, match_log_diagonals, match_prob};
 use crate::method::{Batch, EpochCtx, Method, PairArray, Plan, ScoreCtx};
 use crate::params::{non_negative, positive, unit_interval};
 use crate::pipeline::PairScores;
-use crate::runner::{Streams, EMBED_CHUNK};
 use crate::scoring::{pair_similarity, shuffled_statistic, Shuffles, StatPass};
+use crate::streams::{Streams, EMBED_CHUNK};
 
 /// Lower bound on `Σ_k tan(P_ik)` before its q-th power is taken. The sum is
 /// at least 1 in exact arithmetic (tan x ≥ x and the row sums to 1), so the
@@ -673,7 +673,7 @@ mod tests {
             format!("params.pieces={pieces:?}"),
         ];
         let over = crate::config::parse_sets(&sets).unwrap();
-        crate::config::resolve("crcl", None, &over).unwrap()
+        crate::presets::resolve("crcl", None, &over).unwrap()
     }
 
     #[test]

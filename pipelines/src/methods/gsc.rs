@@ -80,14 +80,14 @@ use serde::{Deserialize, Serialize};
 use crate::batch_stats::{self, Square};
 use crate::config::TrainConfig;
 use crate::division::{CleanSide, Division};
-use crate::error::{Error, Result};
+use crate::error::{not_fitted, Error, Result};
 use crate::losses::{diagonal, match_log_diagonals, match_prob};
 use crate::method::{Batch, EpochCtx, Method, PairArray, Plan, ScoreCtx};
 use crate::net::Net;
 use crate::params::{non_negative, positive, unit_interval};
 use crate::pipeline::PairScores;
-use crate::runner::{not_fitted, Streams, EMBED_CHUNK};
 use crate::scoring::{for_each_shuffled_batch, mean_of, pair_similarity};
+use crate::streams::{Streams, EMBED_CHUNK};
 /// Guards the norms in eq. 8 when every weight in a batch is 0.
 const NORM_EPS: f64 = 1e-12;
 
@@ -681,7 +681,7 @@ mod tests {
 
     fn tiny_cfg(networks: usize) -> TrainConfig {
         let mut cfg: TrainConfig =
-            crate::config::resolve("gsc", None, &toml::Table::new()).unwrap();
+            crate::presets::resolve("gsc", None, &toml::Table::new()).unwrap();
         cfg.epochs = 2;
         cfg.batch_size = 6;
         cfg.lr = 1e-2;
