@@ -40,7 +40,7 @@ fn cpu_seconds() -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // The thread settings of the ncclean binary (src/threads.rs), unless
+    // The thread settings of the ncclean binary (src/runtime/threads.rs), unless
     // the environment names its own.
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
