@@ -524,3 +524,71 @@ fn gelu_impl(x: &mut [f32]) {
         *v = 0.5 * *v * (1.0 + erf_fast(*v * std::f32::consts::FRAC_1_SQRT_2));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::cpu::erf::erf_f64;
+
+    #[test]
+    fn erf_fast_is_within_1e6_of_exact() {
+        let mut worst = 0f64;
+        for i in -600_000..=600_000 {
+            let x = i as f32 * 1e-5; // [-6, 6]
+            let d = (erf_fast(x) as f64 - erf_f64(x as f64)).abs();
+            worst = worst.max(d);
+        }
+        assert!(worst < 1e-6, "max |erf_fast - erf| = {worst:e}");
+        // and the GELU built on it, through the dispatching kernel
+        let xs: Vec<f32> = (-8000..=8000).map(|i| i as f32 * 1e-3).collect();
+        let mut g = xs.clone();
+        gelu_block(&mut g);
+        for (x, g) in xs.iter().zip(&g) {
+            let want = 0.5 * *x as f64 * (1.0 + erf_f64(*x as f64 / 2f64.sqrt()));
+            assert!((*g as f64 - want).abs() < 1e-5, "gelu({x}) = {g} vs {want}");
+        }
+    }
+
+    #[test]
+    fn exp_nonpos_is_within_2e7_relative() {
+        for i in 0..=870_000 {
+            let x = -(i as f32) * 1e-4; // [-87, 0]
+            let (got, want) = (exp_nonpos(x) as f64, (x as f64).exp());
+            assert!(
+                (got - want).abs() <= 2e-7 * want,
+                "exp({x}) = {got} vs {want}"
+            );
+        }
+        assert!(exp_nonpos(-1e4) < 1e-37);
+    }
+
+    #[test]
+    fn softmax_and_layer_norm_match_their_definitions() {
+        let mut s = vec![1.0f32, -2.0, 0.5, 3.0, 3.0, -30.0, 0.0, 2.5, 1.5];
+        let want: Vec<f64> = {
+            let e: Vec<f64> = s.iter().map(|&v| (v as f64 - 3.0).exp()).collect();
+            let z: f64 = e.iter().sum();
+            e.iter().map(|v| v / z).collect()
+        };
+        softmax_in_place(&mut s);
+        for (g, w) in s.iter().zip(&want) {
+            assert!((*g as f64 - w).abs() < 1e-7, "{g} vs {w}");
+        }
+        let h = 13;
+        let mut x: Vec<f32> = (0..2 * h)
+            .map(|i| (i as f32 * 0.7).sin() * 5.0 + 2.0)
+            .collect();
+        let g: Vec<f32> = (0..h).map(|i| 1.0 + i as f32 * 0.1).collect();
+        let b: Vec<f32> = (0..h).map(|i| i as f32 * -0.05).collect();
+        let rows: Vec<Vec<f32>> = x.chunks(h).map(<[f32]>::to_vec).collect();
+        layer_norm_rows(&mut x, &g, &b, 1e-12);
+        for (row, got) in rows.iter().zip(x.chunks(h)) {
+            let mean = row.iter().map(|&v| v as f64).sum::<f64>() / h as f64;
+            let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / h as f64;
+            for k in 0..h {
+                let want = (row[k] as f64 - mean) / var.sqrt() * g[k] as f64 + b[k] as f64;
+                assert!((got[k] as f64 - want).abs() < 1e-5, "{} vs {want}", got[k]);
+            }
+        }
+    }
+}

@@ -315,6 +315,50 @@ mod tests {
         Ok(())
     }
 
+    /// The fused CPU encoder against candle's BertModel on mixed lengths:
+    /// real tokens and pooled vectors agree to float rounding; padded rows
+    /// are zeros.
+    #[test]
+    fn fused_encoder_matches_candle_backend() -> Result<()> {
+        let Some(dir) = hf_dir::default_minilm_dir() else {
+            eprintln!("skipped: MiniLM not found (run bash scripts/fetch_minilm.sh)");
+            return Ok(());
+        };
+        let dev = Device::Cpu;
+        let fused = BertTextTower::load(&dir, &dev)?;
+        let candle =
+            BertTextTower::load_with_backend(&dir, &dev, DEFAULT_MAX_LEN, BertBackend::Candle)?;
+        assert_eq!(fused.backend(), BertBackend::Auto);
+        assert_eq!(candle.backend(), BertBackend::Candle);
+        let texts = [
+            "a dog",
+            "two children are playing football in a sunny park near the river",
+            "a man rides a bicycle down a steep , rocky mountain trail .",
+            "",
+        ];
+        let (a, b) = (fused.forward(&texts)?, candle.forward(&texts)?);
+        let (pa, pb) = (a.pooled.to_vec2::<f32>()?, b.pooled.to_vec2::<f32>()?);
+        for (ra, rb) in pa.iter().zip(&pb) {
+            for (x, y) in ra.iter().zip(rb) {
+                assert!((x - y).abs() < 1e-5, "pooled {x} vs {y}");
+            }
+        }
+        let (ta, tb) = (a.tokens.to_vec3::<f32>()?, b.tokens.to_vec3::<f32>()?);
+        let mask = a.mask.to_vec2::<f32>()?;
+        for s in 0..texts.len() {
+            for i in 0..mask[s].len() {
+                for (x, y) in ta[s][i].iter().zip(&tb[s][i]) {
+                    if mask[s][i] == 1.0 {
+                        assert!((x - y).abs() < 1e-4, "token {s},{i}: {x} vs {y}");
+                    } else {
+                        assert_eq!(*x, 0.0, "padding {s},{i}");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     #[test]
     fn minilm_matches_reference() -> Result<()> {
         let Some(dir) = hf_dir::default_minilm_dir() else {
