@@ -120,7 +120,9 @@ impl CpuBert {
         config.hidden_act == HiddenAct::Gelu
             && config.position_embedding_type == PositionEmbeddingType::Absolute
             && config.num_attention_heads > 0
-            && config.hidden_size % config.num_attention_heads == 0
+            && config
+                .hidden_size
+                .is_multiple_of(config.num_attention_heads)
             && config.type_vocab_size > 0
     }
 
