@@ -1,12 +1,16 @@
 //! A frozen pretrained BERT text tower (e.g. sentence-transformers'
 //! all-MiniLM-L6-v2), loaded from a Hugging Face model directory.
 //!
-//! The tower runs candle-transformers' [`BertModel`] on token ids from the
-//! `tokenizers` crate and returns the last hidden states, the attention mask
-//! and their attention-masked mean (the sentence-transformers pooling, before
-//! its L2 normalisation).
+//! The tower runs a BERT encoder on token ids from the `tokenizers` crate
+//! and returns the last hidden states, the attention mask and their
+//! attention-masked mean (the sentence-transformers pooling, before its L2
+//! normalisation). On the CPU the encoder is the fused inference kernels
+//! of `bert_cpu.rs` (issue #35: 1.7–2.2× candle's captions/s, same outputs
+//! within float rounding); on other devices, or for a config those kernels
+//! do not cover, it is candle-transformers' [`BertModel`] ([`BertBackend`]).
 //!
-//! **Frozen only.** candle-transformers' BERT normalises with
+//! **Frozen only.** Neither backend can be trained through: the fused one
+//! has no autograd at all, and candle-transformers' BERT normalises with
 //! `candle_nn::LayerNorm`, whose forward pass on contiguous input is candle's
 //! fused `layer-norm` op, applied with `apply_op3_no_bwd`: in candle 0.11 its
 //! output is not connected to its inputs in the autograd graph, so a backward
@@ -22,6 +26,7 @@ use candle_core::{DType, Device, Result, Tensor, D};
 use candle_transformers::models::bert::{BertModel, Config as BertConfig};
 use tokenizers::Tokenizer;
 
+use crate::bert_cpu::CpuBert;
 use crate::hf_dir;
 
 /// Default maximum number of tokens per text, special tokens included
@@ -33,7 +38,8 @@ const TOWER: &str = "BERT text tower";
 /// Output of [`BertTextTower::forward`].
 #[derive(Debug, Clone)]
 pub struct TextFeatures {
-    /// `[B, L, H]` last hidden states; rows beyond a text's length are padding.
+    /// `[B, L, H]` last hidden states; rows beyond a text's length are padding
+    /// (zeros from the fused CPU encoder, candle's values otherwise).
     pub tokens: Tensor,
     /// `[B, L]` f32 attention mask, 1 on real tokens (special tokens included).
     pub mask: Tensor,
@@ -41,9 +47,26 @@ pub struct TextFeatures {
     pub pooled: Tensor,
 }
 
+/// Which implementation runs the encoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BertBackend {
+    /// The fused CPU kernels of `bert_cpu.rs` when the device is the CPU
+    /// and the config is covered (absolute positions, erf GELU), otherwise
+    /// candle's model. The default.
+    Auto,
+    /// candle-transformers' `BertModel` (any device; the reference the fused
+    /// kernels are measured against).
+    Candle,
+}
+
+enum Encoder {
+    Fused(Box<CpuBert>),
+    Candle(Box<BertModel>),
+}
+
 /// A frozen BERT encoder with its tokenizer.
 pub struct BertTextTower {
-    model: BertModel,
+    model: Encoder,
     tokenizer: Tokenizer,
     hidden_size: usize,
     max_len: usize,
@@ -57,6 +80,7 @@ impl std::fmt::Debug for BertTextTower {
         f.debug_struct("BertTextTower")
             .field("hidden_size", &self.hidden_size)
             .field("max_len", &self.max_len)
+            .field("backend", &self.backend())
             .field("fingerprint", &self.fingerprint)
             .finish_non_exhaustive()
     }
@@ -79,6 +103,16 @@ impl BertTextTower {
     /// [`BertTextTower::load`] truncating texts to `max_len` tokens (capped
     /// at the model's `max_position_embeddings`).
     pub fn load_with_max_len(dir: &Path, device: &Device, max_len: usize) -> Result<Self> {
+        Self::load_with_backend(dir, device, max_len, BertBackend::Auto)
+    }
+
+    /// [`BertTextTower::load_with_max_len`] with a chosen [`BertBackend`].
+    pub fn load_with_backend(
+        dir: &Path,
+        device: &Device,
+        max_len: usize,
+        backend: BertBackend,
+    ) -> Result<Self> {
         hf_dir::require_files(dir, &hf_dir::REQUIRED_FILES, TOWER)?;
         let config_json = hf_dir::read_json(dir, "config.json")?;
         let config: BertConfig = serde_json::from_value(config_json).map_err(|e| {
@@ -97,7 +131,13 @@ impl BertTextTower {
         // (1 - mask) * f32::MIN in the model dtype, and f32::MIN is -inf in
         // f16 and bf16, so every real token's score becomes 0 * -inf = NaN.
         let vb = hf_dir::safetensors_var_builder(dir, device, DType::F32)?;
-        let model = BertModel::load(vb, &config).map_err(|e| {
+        let fused = backend == BertBackend::Auto && device.is_cpu() && CpuBert::supports(&config);
+        let model = if fused {
+            CpuBert::load(vb, &config).map(|m| Encoder::Fused(Box::new(m)))
+        } else {
+            BertModel::load(vb, &config).map(|m| Encoder::Candle(Box::new(m)))
+        }
+        .map_err(|e| {
             candle_core::Error::Msg(format!(
                 "{TOWER}: loading weights from {}: {e}",
                 dir.join("model.safetensors").display()
@@ -133,14 +173,37 @@ impl BertTextTower {
     /// Encode already tokenised input (ids `[B, L]` u32, mask `[B, L]`).
     pub fn forward_ids(&self, ids: &Tensor, mask: &Tensor) -> Result<TextFeatures> {
         let mask = mask.to_dtype(DType::F32)?;
-        let token_type_ids = ids.zeros_like()?;
-        let tokens = self.model.forward(ids, &token_type_ids, Some(&mask))?;
-        let pooled = masked_mean(&tokens, &mask)?;
+        let (tokens, pooled) = match &self.model {
+            Encoder::Fused(m) => {
+                let (b, l) = ids.dims2()?;
+                let ids_v = ids.to_dtype(DType::U32)?.flatten_all()?.to_vec1::<u32>()?;
+                let mask_v = mask.flatten_all()?.to_vec1::<f32>()?;
+                let (t, p) = m.forward(&ids_v, &mask_v, b, l)?;
+                (
+                    Tensor::from_vec(t, (b, l, self.hidden_size), &self.device)?,
+                    Tensor::from_vec(p, (b, self.hidden_size), &self.device)?,
+                )
+            }
+            Encoder::Candle(m) => {
+                let tokens = m.forward(ids, &ids.zeros_like()?, Some(&mask))?;
+                let pooled = masked_mean(&tokens, &mask)?;
+                (tokens, pooled)
+            }
+        };
         Ok(TextFeatures {
             tokens,
             mask,
             pooled,
         })
+    }
+
+    /// The implementation this tower runs ([`BertBackend::Auto`] when it
+    /// took the fused CPU kernels).
+    pub fn backend(&self) -> BertBackend {
+        match self.model {
+            Encoder::Fused(_) => BertBackend::Auto,
+            Encoder::Candle(_) => BertBackend::Candle,
+        }
     }
 
     /// Width `H` of the hidden states (384 for MiniLM-L6).
@@ -250,6 +313,50 @@ mod tests {
         let tower = BertTextTower::load(&dir, &Device::Cpu)?;
         let f = tower.forward(&["a dog runs on the grass"])?;
         assert_eq!(f.pooled.dtype(), DType::F32);
+        Ok(())
+    }
+
+    /// The fused CPU encoder against candle's BertModel on mixed lengths:
+    /// real tokens and pooled vectors agree to float rounding; padded rows
+    /// are zeros.
+    #[test]
+    fn fused_encoder_matches_candle_backend() -> Result<()> {
+        let Some(dir) = hf_dir::default_minilm_dir() else {
+            eprintln!("skipped: MiniLM not found (run bash scripts/fetch_minilm.sh)");
+            return Ok(());
+        };
+        let dev = Device::Cpu;
+        let fused = BertTextTower::load(&dir, &dev)?;
+        let candle =
+            BertTextTower::load_with_backend(&dir, &dev, DEFAULT_MAX_LEN, BertBackend::Candle)?;
+        assert_eq!(fused.backend(), BertBackend::Auto);
+        assert_eq!(candle.backend(), BertBackend::Candle);
+        let texts = [
+            "a dog",
+            "two children are playing football in a sunny park near the river",
+            "a man rides a bicycle down a steep , rocky mountain trail .",
+            "",
+        ];
+        let (a, b) = (fused.forward(&texts)?, candle.forward(&texts)?);
+        let (pa, pb) = (a.pooled.to_vec2::<f32>()?, b.pooled.to_vec2::<f32>()?);
+        for (ra, rb) in pa.iter().zip(&pb) {
+            for (x, y) in ra.iter().zip(rb) {
+                assert!((x - y).abs() < 1e-5, "pooled {x} vs {y}");
+            }
+        }
+        let (ta, tb) = (a.tokens.to_vec3::<f32>()?, b.tokens.to_vec3::<f32>()?);
+        let mask = a.mask.to_vec2::<f32>()?;
+        for s in 0..texts.len() {
+            for i in 0..mask[s].len() {
+                for (x, y) in ta[s][i].iter().zip(&tb[s][i]) {
+                    if mask[s][i] == 1.0 {
+                        assert!((x - y).abs() < 1e-4, "token {s},{i}: {x} vs {y}");
+                    } else {
+                        assert_eq!(*x, 0.0, "padding {s},{i}");
+                    }
+                }
+            }
+        }
         Ok(())
     }
 

@@ -3,6 +3,7 @@
 //! Everything trainable is built on [`params::ParamStore`], which initialises
 //! parameters from a seed so that runs are reproducible on CPU.
 
+mod bert_cpu;
 pub mod bert_text;
 pub mod clip_tower;
 pub mod frozen_matmul;
