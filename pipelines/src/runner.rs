@@ -824,6 +824,18 @@ mod tests {
         crate::test_support::embedding_pairs(img, txt, 6)
     }
 
+    /// Copy every network weight of `from` into `to` (same method and
+    /// model): a pipeline rebuilt from a checkpoint.
+    fn copy_weights(from: &dyn Pipeline, to: &mut dyn Pipeline) -> Result<()> {
+        for ((_, dst), (_, src)) in to.weights_mut().into_iter().zip(from.weights()) {
+            let src = src.data().lock().expect("lock");
+            for (k, v) in dst.data().lock().expect("lock").iter() {
+                v.set(src[k].as_tensor())?;
+            }
+        }
+        Ok(())
+    }
+
     /// A short schedule of `method` that exercises its warm-up, its phases
     /// and (CRCL) a re-initialisation.
     fn config(method: &str) -> TrainConfig {
@@ -915,16 +927,7 @@ mod tests {
     #[test]
     fn trained_pairs_are_read_as_held_out_ones() -> Result<()> {
         let (n, dim) = (1500, 32);
-        let mut rng = Rng::new(11);
-        let img: Vec<f32> = (0..n * dim).map(|_| rng.normal() as f32).collect();
-        let mut txt: Vec<f32> = img.iter().map(|&v| v + 0.3 * rng.normal() as f32).collect();
-        let noisy: Vec<usize> = (0..n).filter(|i| i % 10 < 3).collect();
-        for &i in &noisy {
-            for d in 0..dim {
-                txt[i * dim + d] = rng.normal() as f32;
-            }
-        }
-        let data = crate::test_support::embedding_pairs(img, txt, dim);
+        let data = generated(11, n, dim, 0.3);
         let model = crate::test_support::precomputed_model(dim, 64, 256);
         let mut cfg = config("vanilla");
         cfg.epochs = 15;
@@ -960,23 +963,22 @@ mod tests {
             &serde_json::from_str(&json).expect("parses"),
             p.pair_state(),
         )?;
-        for ((_, dst), (_, src)) in q.weights_mut().into_iter().zip(p.weights()) {
-            let src = src.data().lock().expect("lock");
-            for (k, v) in dst.data().lock().expect("lock").iter() {
-                v.set(src[k].as_tensor())?;
-            }
-        }
+        copy_weights(p.as_ref(), q.as_mut())?;
         assert_eq!(q.score(&data, &[n], false, &mut Silent)?, scores);
         Ok(())
     }
 
     /// `n` pairs of `dim`-wide vectors from one generator: a caption is
-    /// its image plus noise, except for every pair `i` with `i % 10 < 3`,
-    /// whose caption is drawn on its own (30% mismatched).
-    fn generated(seed: u64, n: usize, dim: usize) -> PairInputs {
+    /// its image plus noise of standard deviation `sd`, except for every
+    /// pair `i` with `i % 10 < 3`, whose caption is drawn on its own (30%
+    /// mismatched).
+    fn generated(seed: u64, n: usize, dim: usize, sd: f64) -> PairInputs {
         let mut rng = Rng::new(seed);
         let img: Vec<f32> = (0..n * dim).map(|_| rng.normal() as f32).collect();
-        let mut txt: Vec<f32> = img.iter().map(|&v| v + 0.5 * rng.normal() as f32).collect();
+        let mut txt: Vec<f32> = img
+            .iter()
+            .map(|&v| v + sd as f32 * rng.normal() as f32)
+            .collect();
         for i in (0..n).filter(|i| i % 10 < 3) {
             for d in 0..dim {
                 txt[i * dim + d] = rng.normal() as f32;
@@ -993,8 +995,8 @@ mod tests {
     #[test]
     fn labels_transfer_to_new_pairs_of_the_same_kind() -> Result<()> {
         let dim = 8;
-        let train = generated(21, 5000, dim);
-        let fresh = generated(22, 2000, dim);
+        let train = generated(21, 5000, dim, 0.5);
+        let fresh = generated(22, 2000, dim, 0.5);
         let model = crate::test_support::precomputed_model(dim, 16, 64);
         let mut cfg = config("vanilla");
         cfg.epochs = 6;
@@ -1121,12 +1123,7 @@ mod tests {
                 &serde_json::from_str(&json).expect("parses"),
                 p.pair_state(),
             )?;
-            for ((_, dst), (_, src)) in q.weights_mut().into_iter().zip(p.weights()) {
-                let src = src.data().lock().expect("lock");
-                for (k, v) in dst.data().lock().expect("lock").iter() {
-                    v.set(src[k].as_tensor())?;
-                }
-            }
+            copy_weights(p.as_ref(), q.as_mut())?;
             assert_eq!(
                 q.score(&data, &[data.len()], false, &mut Silent)?,
                 a,

@@ -195,6 +195,22 @@ impl Calibration {
         self.weights[0] * (x[0] - self.origin[0]) + self.weights[1] * (x[1] - self.origin[1])
     }
 
+    /// The score `u` of every pair of `s`; NaN where a signal is not a
+    /// finite number.
+    pub fn scores(&self, s: &Signals) -> Vec<f64> {
+        s.similarity
+            .iter()
+            .zip(&s.neighbourhood)
+            .map(|(&a, &b)| {
+                if a.is_finite() && b.is_finite() {
+                    self.score(a, b)
+                } else {
+                    f64::NAN
+                }
+            })
+            .collect()
+    }
+
     /// The score `u` of one pair.
     pub fn score(&self, similarity: f32, neighbourhood: f32) -> f64 {
         self.score_row(&[f64::from(similarity), f64::from(neighbourhood)])

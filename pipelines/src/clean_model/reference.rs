@@ -665,7 +665,7 @@ mod tests {
         let qi = Tensor::from_slice(&a, (1, 2), &dev)?;
         let qt = Tensor::from_slice(&[1.0f32, 0.0], (1, 2), &dev)?;
         assert_eq!(r.score(&qi, &qt, 1)?, vec![0.0]);
-        let want = (WEIGHT_FLOOR / (1.0 + 2.0 * WEIGHT_FLOOR)) as f32;
+        let want = WEIGHT_FLOOR / (1.0 + 2.0 * WEIGHT_FLOOR);
         let got = r.score(&qi, &qt, 2)?[0];
         assert!((got - want).abs() < 1e-6, "{got} vs {want}");
         // A query no reference image equals keeps all of them.

@@ -132,8 +132,15 @@ impl CleanModel {
             Reference::build(&host(&pi)?, &host(&pt)?, &of, weights, &keep, dims)
                 .compress(super::reference::SEARCH_DIM)?
         };
-        let Some(calibration) =
-            calibrate_on(&reference, neighbours, nets, data, calibration_pairs, rng)?
+        let Some((calibration, held)) = calibrate_on(
+            &reference,
+            neighbours,
+            nets,
+            data,
+            calibration_pairs,
+            &of,
+            rng,
+        )?
         else {
             return Ok(None);
         };
@@ -143,18 +150,20 @@ impl CleanModel {
             neighbours,
             trained: None,
         };
-        model.trained = model.trained_pairs(nets, data, calibration_pairs)?;
+        model.trained = model.trained_pairs(nets, data, calibration_pairs, &held)?;
         Ok(Some(model))
     }
 
     /// The pairs of `data` outside `held_out` (the ones the networks
-    /// trained on) with their scores' distribution against the held-out
-    /// pairs'; None when either is too small.
+    /// trained on) with their scores' distribution against that of the
+    /// held-out pairs, whose signals are `held`; None when either is too
+    /// small.
     fn trained_pairs(
         &self,
         nets: &[Net],
         data: &PairInputs,
         held_out: &[usize],
+        held: &Signals,
     ) -> Result<Option<TrainedPairs>> {
         let mut is_held = vec![false; data.len()];
         for &i in held_out {
@@ -164,25 +173,12 @@ impl CleanModel {
         if trained.is_empty() || held_out.is_empty() {
             return Ok(None);
         }
-        let scores = |s: &Signals| -> Vec<f64> {
-            s.similarity
-                .iter()
-                .zip(&s.neighbourhood)
-                .map(|(&a, &b)| {
-                    if a.is_finite() && b.is_finite() {
-                        self.calibration.score(a, b)
-                    } else {
-                        f64::NAN
-                    }
-                })
-                .collect()
-        };
         let t = self.signals_of(nets, data, &trained)?;
-        let h = self.signals_of(nets, data, held_out)?;
+        let cal = &self.calibration;
         Ok(TrainedPairs::new(
             t.hashes.clone(),
-            &scores(&t),
-            &scores(&h),
+            &cal.scores(&t),
+            &cal.scores(held),
             MIN_PAIRS,
         ))
     }
@@ -196,8 +192,9 @@ impl CleanModel {
         rng: &mut Rng,
     ) -> Result<Option<CleanModel>> {
         let all: Vec<usize> = (0..data.len()).collect();
-        let calibration = calibrate_on(&self.reference, self.neighbours, nets, data, &all, rng)?;
-        Ok(calibration.map(|calibration| CleanModel {
+        let (_, of) = data.images.distinct();
+        let fitted = calibrate_on(&self.reference, self.neighbours, nets, data, &all, &of, rng)?;
+        Ok(fitted.map(|(calibration, _)| CleanModel {
             calibration,
             reference: self.reference.clone(),
             neighbours: self.neighbours,
@@ -221,7 +218,7 @@ impl CleanModel {
             let local: Vec<u32> = (0..chunk.len() as u32).collect();
             similarity.extend(similarity_of(&emb, &local, &local)?);
         }
-        let (neighbourhood, hashes) = self.neighbourhood_of(nets, data, idx)?;
+        let (neighbourhood, hashes) = self.neighbourhood_of(nets, data, idx, true)?;
         Ok(Signals {
             similarity,
             neighbourhood,
@@ -229,21 +226,25 @@ impl CleanModel {
         })
     }
 
-    /// The neighbourhood score ([`Reference::score`]) and the hash
-    /// ([`pair_hash`]) of pairs `idx` of `data`, a chunk at a time: both
-    /// from the pooled features.
+    /// The neighbourhood score ([`Reference::score`]) and, with `hash`,
+    /// the hash ([`pair_hash`]) of pairs `idx` of `data`, a chunk at a
+    /// time: both from the pooled features. Without `hash` the hashes are
+    /// empty (a model without trained pairs reads none).
     pub fn neighbourhood_of(
         &self,
         nets: &[Net],
         data: &PairInputs,
         idx: &[usize],
+        hash: bool,
     ) -> Result<(Vec<f32>, Vec<u64>)> {
         let mut scores = Vec::with_capacity(idx.len());
         let mut hashed = Vec::with_capacity(idx.len());
         for chunk in idx.chunks(CHUNK * 8) {
             let (pi, pt) = pooled(nets, data, chunk)?;
             scores.extend(self.reference.score(&pi, &pt, self.neighbours)?);
-            hashed.extend(hashes(&pi, &pt)?);
+            if hash {
+                hashed.extend(hashes(&pi, &pt)?);
+            }
         }
         Ok((scores, hashed))
     }
@@ -264,13 +265,11 @@ impl CleanModel {
         (0..s.similarity.len())
             .map(|i| {
                 let (a, b) = (s.similarity[i], s.neighbourhood[i]);
-                if !(a.is_finite() && b.is_finite()) {
-                    return 0.0;
-                }
-                let u = cal.score(a, b);
                 match s.hashes.get(i) {
-                    Some(&h) if trained.contains(h) => cal.clean_prob_at(trained.held_out_score(u)),
-                    _ => cal.clean_prob_at(u),
+                    Some(&h) if trained.contains(h) && a.is_finite() && b.is_finite() => {
+                        cal.clean_prob_at(trained.held_out_score(cal.score(a, b)))
+                    }
+                    _ => cal.clean_prob(a, b),
                 }
             })
             .collect()
@@ -295,7 +294,8 @@ impl CleanModel {
             )));
         }
         let all: Vec<usize> = (0..data.len()).collect();
-        let (neighbourhood, hashes) = self.neighbourhood_of(nets, data, &all)?;
+        let (neighbourhood, hashes) =
+            self.neighbourhood_of(nets, data, &all, self.trained.is_some())?;
         let signals = Signals {
             similarity: similarity.to_vec(),
             neighbourhood,
@@ -306,15 +306,17 @@ impl CleanModel {
 }
 
 /// The calibration of `reference` fitted on pairs `idx` of `data` against
-/// random pairings among them; the pairs are embedded once for both.
+/// random pairings among them (`image_of[i]`: pair i's distinct image),
+/// with the pairs' own signals; the pairs are embedded once for both.
 fn calibrate_on(
     reference: &Reference,
     neighbours: usize,
     nets: &[Net],
     data: &PairInputs,
     idx: &[usize],
+    image_of: &[u32],
     rng: &mut Rng,
-) -> Result<Option<Calibration>> {
+) -> Result<Option<(Calibration, Signals)>> {
     let n = idx.len();
     if n == 0 {
         return Ok(None);
@@ -329,7 +331,7 @@ fn calibrate_on(
     };
     // Random pairings: the image of pair i with the caption of a pair j
     // showing another image, both among `idx` (positions in it).
-    let (_, of) = data.images.distinct();
+    let of = image_of;
     let m = (n * 20).min(MAX_NEGATIVES);
     let (mut a, mut b) = (Vec::with_capacity(m), Vec::with_capacity(m));
     for _ in 0..m {
@@ -359,5 +361,5 @@ fn calibrate_on(
             hashes: Vec::new(),
         }
     };
-    Ok(Calibration::fit(&observed, &pairings))
+    Ok(Calibration::fit(&observed, &pairings).map(|c| (c, observed)))
 }
