@@ -18,7 +18,7 @@ safetensors; MiniLM's config, tokenizer and weights converted to f16, which
 ncclean widens back to f32 when it loads them; needs numpy) and prints the
 sizes against the 64 MiB a device call may carry.
 
-`report` merges DIR/{system,libraries,ncclean,torch}.json into
+`report` merges DIR/{system,libraries,ncclean,torch,e2e}.json into
 DIR/device_check.json and writes DIR/device_check.md (standard library only).
 """
 import argparse
@@ -261,7 +261,7 @@ def fmt6(v):
 
 def report(a):
     d = a.dir
-    merged = {k: load(os.path.join(d, f"{k}.json")) for k in ("system", "libraries", "ncclean", "torch")}
+    merged = {k: load(os.path.join(d, f"{k}.json")) for k in ("system", "libraries", "ncclean", "torch", "e2e")}
     nc, pt = merged["ncclean"], merged["torch"]
     lines = ["| measure | ncclean | PyTorch | ncclean / PyTorch |", "| --- | ---: | ---: | ---: |"]
     ratios = {}
@@ -301,11 +301,20 @@ def report(a):
         if isinstance(tr.get(m), dict):
             lines.append(f"| {m} s/epoch, {tr.get('pairs')} pairs, dim {tr.get('dim')} | "
                          f"{fmt(tr[m].get('seconds_per_epoch'))} | | |")
+    e2e = merged["e2e"]
+    if "train_seconds" in e2e:
+        lines.append(f"| demo `fit --method vanilla` ({e2e.get('rows')} pairs, 30% noise, {e2e.get('device')}): "
+                     f"train s / score pairs/s / AUROC | {fmt(e2e['train_seconds'])} / "
+                     f"{fmt(e2e.get('score_pairs_per_second'))} / {fmt(e2e.get('auroc'))} | | |")
+    elif e2e.get("skipped"):
+        lines.append(f"| demo `fit` | {e2e['skipped']} | | |")
     sysinfo, libs = merged["system"], merged["libraries"]
     head = [f"device: {nc.get('device', '?')}; GPU: {sysinfo.get('gpu', '—')}; "
             f"PyTorch: {pt.get('torch', pt.get('skipped', '?'))}",
-            f"CUDA libraries: {(libs.get('libraries') or {}).get('from') or (libs.get('libraries') or {}).get('error', '?')}",
-            ""]
+            f"CUDA libraries: {(libs.get('libraries') or {}).get('from') or (libs.get('libraries') or {}).get('error', '?')}"]
+    if nc.get("stopped") or nc.get("skipped"):
+        head.append(f"ncclean gpu-check: {nc.get('stopped') or nc.get('skipped')}")
+    head.append("")
     open(os.path.join(d, "device_check.md"), "w").write("\n".join(head + lines) + "\n")
     json.dump(merged, open(os.path.join(d, "device_check.json"), "w"), indent=1)
     return 0

@@ -58,10 +58,13 @@ pub fn run(a: GpuCheckArgs, rep: &Reporter) -> Result<()> {
             .or_else(ncclean_models::hf_dir::default_minilm_dir),
         scratch: scratch.0.clone(),
     };
-    let report = crate::runtime::gpu_check::run(&opts, &|m| rep.info(m))?;
-    let text = serde_json::to_string_pretty(&report).map_err(anyhow::Error::from)?;
-    std::fs::write(&a.json, text + "\n")
-        .map_err(|e| invalid(format!("cannot write {}: {e}", a.json.display())))?;
+    let write = |doc: &serde_json::Value| -> Result<()> {
+        let text = serde_json::to_string_pretty(doc).map_err(anyhow::Error::from)?;
+        // Whole documents only: a run stopped mid-write leaves the last stage's.
+        crate::data::write_atomic(&a.json, (text + "\n").as_bytes())
+            .map_err(|e| invalid(format!("cannot write {}: {e}", a.json.display())))
+    };
+    let report = crate::runtime::gpu_check::run(&opts, &|m| rep.info(m), &write)?;
     rep.info(&format!("wrote {}", a.json.display()));
     if report["parity_pass"] != serde_json::Value::Bool(true) {
         return Err(Error::Partial(format!(

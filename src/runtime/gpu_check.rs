@@ -241,45 +241,84 @@ fn sync(t: &Tensor) -> Result<()> {
 }
 
 /// Run every measurement and return the report.
-pub fn run(opts: &CheckOptions, log: &dyn Fn(&str)) -> crate::Result<Value> {
-    Ok(run_all(opts, log).map_err(|e| e.context("gpu-check"))?)
+/// Runs every measurement. `save` is handed the document after each stage
+/// (parity, decoding, throughput, training), so a run cut short by a time
+/// limit still leaves what it measured.
+pub fn run(
+    opts: &CheckOptions,
+    log: &dyn Fn(&str),
+    save: &dyn Fn(&Value) -> crate::Result<()>,
+) -> crate::Result<Value> {
+    let mut doc = json!({});
+    let mut saving = |doc: &Value| save(doc);
+    match run_all(opts, log, &mut doc, &mut saving) {
+        Ok(()) => Ok(doc),
+        Err(Stop::Check(e)) => Err(e.context("gpu-check").into()),
+        Err(Stop::Save(e)) => Err(e),
+    }
 }
 
-fn run_all(opts: &CheckOptions, log: &dyn Fn(&str)) -> Result<Value> {
+/// Why [`run_all`] stopped early.
+enum Stop {
+    Check(anyhow::Error),
+    Save(crate::Error),
+}
+
+impl From<anyhow::Error> for Stop {
+    fn from(e: anyhow::Error) -> Stop {
+        Stop::Check(e)
+    }
+}
+
+impl From<candle_core::Error> for Stop {
+    fn from(e: candle_core::Error) -> Stop {
+        Stop::Check(e.into())
+    }
+}
+
+fn run_all(
+    opts: &CheckOptions,
+    log: &dyn Fn(&str),
+    doc: &mut Value,
+    save: &mut dyn FnMut(&Value) -> crate::Result<()>,
+) -> std::result::Result<(), Stop> {
     let sizes = Sizes::of(opts.quick);
     let started = Instant::now();
+    *doc = json!({
+        "ncclean": env!("CARGO_PKG_VERSION"),
+        "device": opts.device_name,
+        "cuda": opts.device.is_cuda(),
+        "quick": opts.quick,
+        "cpu_threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    });
     let clip_dir = opts.scratch.join("synthetic-clip");
     log("writing the synthetic CLIP tower");
     sizes.clip.write_dir(&clip_dir, 7)?;
 
-    log("parity");
-    let parity = json!({
+    let stage = |name: &str| {
+        log(&format!("{name} ({:.1}s in)", seconds(started)));
+    };
+    stage("parity");
+    doc["parity"] = json!({
         "inputs": sizes.parity_inputs,
         "reference": "cpu f32",
         "mobilenet_v2": parity_mobilenet(opts, &sizes)?,
         "minilm": parity_minilm(opts, &sizes)?,
         "clip_vit_b32": parity_clip(opts, &sizes, &clip_dir)?,
     });
-    log("decoding");
-    let decode = decode_rate(&sizes)?;
-    log("tower throughput");
-    let throughput = throughput(opts, &sizes, &clip_dir)?;
-    log("training");
-    let training = training(opts, &sizes, log)?;
-    let pass = all_pass(&parity);
-    Ok(json!({
-        "ncclean": env!("CARGO_PKG_VERSION"),
-        "device": opts.device_name,
-        "cuda": opts.device.is_cuda(),
-        "quick": opts.quick,
-        "cpu_threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        "parity": parity,
-        "decode": decode,
-        "throughput": throughput,
-        "training": training,
-        "parity_pass": pass,
-        "seconds": seconds(started),
-    }))
+    doc["parity_pass"] = json!(all_pass(&doc["parity"]));
+    save(doc).map_err(Stop::Save)?;
+    stage("decoding");
+    doc["decode"] = decode_rate(&sizes)?;
+    save(doc).map_err(Stop::Save)?;
+    stage("tower throughput");
+    doc["throughput"] = throughput(opts, &sizes, &clip_dir)?;
+    save(doc).map_err(Stop::Save)?;
+    stage("training");
+    doc["training"] = training(opts, &sizes, log)?;
+    doc["seconds"] = json!(seconds(started));
+    save(doc).map_err(Stop::Save)?;
+    Ok(())
 }
 
 /// Every `pass` under `v` is true (skipped towers have none).
