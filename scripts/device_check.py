@@ -4,7 +4,7 @@
   python3 scripts/device_check.py torch --out FILE [--device cuda|cpu] [--quick]
                                   [--mobilenet FILE] [--minilm DIR]
   python3 scripts/device_check.py report DIR
-  python3 scripts/device_check.py prepare DEST --mobilenet FILE [--minilm DIR]
+  python3 scripts/device_check.py prepare DEST --mobilenet FILE [--minilm DIR] [--binary BIN]
 
 `torch` times the towers ncclean times, in PyTorch on the same device, at the
 same batch size: torchvision's MobileNetV2 with ncclean's weights, a MiniLM
@@ -13,10 +13,12 @@ ViT-B/32-shaped CLIP (random weights), in f32 and f16. It needs torch (and
 torchvision for MobileNetV2) but not the safetensors or transformers
 packages. Without torch it writes {"skipped": why} and exits 0.
 
-`prepare` copies what the GPU machine needs into DEST (MobileNetV2's
-safetensors; MiniLM's config, tokenizer and weights converted to f16, which
-ncclean widens back to f32 when it loads them; needs numpy) and prints the
-sizes against the 64 MiB a device call may carry.
+`prepare` copies what the GPU machine needs into DEST: MobileNetV2's and
+MiniLM's weights converted to f16 (which the towers widen back to f32 when
+they load them; both sides of every parity check read the same file), MiniLM's
+config and tokenizer, and with --binary the CUDA ncclean, all packed as
+DEST/pack.tar.xz (device_check.sh unpacks it). Needs numpy. Prints the size against the 64 MiB a device
+call may carry.
 
 `report` merges DIR/{system,libraries,ncclean,torch,e2e}.json into
 DIR/device_check.json and writes DIR/device_check.md (standard library only).
@@ -292,6 +294,9 @@ def report(a):
                     lines.append(f"| parity {tower} {part} {dt} vs CPU f32: min cosine / max rel Δ | "
                                  f"{fmt6(m.get('min_cosine'))} / {fmt(m.get('max_rel_diff'))} "
                                  f"({'pass' if m.get('pass') else 'FAIL'}) | | |")
+    tok = nc.get("throughput", {}).get("minilm_tokenize_captions_per_s")
+    if isinstance(tok, (int, float)):
+        lines.append(f"| MiniLM tokenising captions/s (CPU, one thread; not in the row above) | {fmt(tok)} | | |")
     dec = nc.get("decode", {})
     for k in ("jpeg_img_per_s", "png_img_per_s"):
         if k in dec:
@@ -320,48 +325,68 @@ def report(a):
     return 0
 
 
+def f16_copy(src, dst, np):
+    """Copy a safetensors file with every F32 tensor narrowed to F16 (the
+    towers widen them back to f32 when they load them)."""
+    with open(src, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        data = f.read()
+    new_header, chunks, at = {}, [], 0
+    for name, t in header.items():
+        if name == "__metadata__":
+            new_header[name] = t
+            continue
+        lo, hi = t["data_offsets"]
+        raw = data[lo:hi]
+        if t["dtype"] == "F32":
+            raw = np.frombuffer(raw, dtype="<f4").astype("<f2").tobytes()
+            t = dict(t, dtype="F16")
+        new_header[name] = dict(t, data_offsets=[at, at + len(raw)])
+        chunks.append(raw)
+        at += len(raw)
+    head = json.dumps(new_header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(dst, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for c in chunks:
+            f.write(c)
+
+
 def prepare(a):
     import shutil
+    import numpy as np
     os.makedirs(a.dest, exist_ok=True)
     if a.mobilenet:
         os.makedirs(os.path.join(a.dest, "mobilenet_v2"), exist_ok=True)
-        shutil.copy(a.mobilenet, os.path.join(a.dest, "mobilenet_v2", "model.safetensors"))
+        f16_copy(a.mobilenet, os.path.join(a.dest, "mobilenet_v2", "model.safetensors"), np)
     if a.minilm:
-        import numpy as np
         out = os.path.join(a.dest, "minilm")
         os.makedirs(out, exist_ok=True)
         for name in os.listdir(a.minilm):
             if name.endswith((".json", ".txt")) and os.path.isfile(os.path.join(a.minilm, name)):
                 shutil.copy(os.path.join(a.minilm, name), out)
-        src = os.path.join(a.minilm, "model.safetensors")
-        with open(src, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-            data = f.read()
-        new_header, chunks, at = {}, [], 0
-        for name, t in header.items():
-            if name == "__metadata__":
-                new_header[name] = t
-                continue
-            lo, hi = t["data_offsets"]
-            raw = data[lo:hi]
-            if t["dtype"] == "F32":
-                raw = np.frombuffer(raw, dtype="<f4").astype("<f2").tobytes()
-                t = dict(t, dtype="F16")
-            new_header[name] = dict(t, data_offsets=[at, at + len(raw)])
-            chunks.append(raw)
-            at += len(raw)
-        head = json.dumps(new_header).encode()
-        head += b" " * (-len(head) % 8)
-        with open(os.path.join(out, "model.safetensors"), "wb") as f:
-            f.write(struct.pack("<Q", len(head)) + head)
-            for c in chunks:
-                f.write(c)
+        f16_copy(os.path.join(a.minilm, "model.safetensors"), os.path.join(out, "model.safetensors"), np)
+    if a.binary:
+        shutil.copy(a.binary, os.path.join(a.dest, "ncclean"))
+    # One xz archive: the stripped CUDA binary is ~77 MiB, mostly candle's PTX
+    # text, and packs to ~11 MiB; the f16 weights shrink ~10%. device_check.sh
+    # unpacks DIR/pack.tar.xz into a temporary folder itself.
+    import tarfile
+    names = sorted(os.listdir(a.dest))
+    with tarfile.open(os.path.join(a.dest, "pack.tar.xz"), "w:xz", preset=6) as tar:
+        for name in names:
+            if name != "pack.tar.xz":
+                tar.add(os.path.join(a.dest, name), arcname=name)
+    for name in names:
+        if name != "pack.tar.xz":
+            path = os.path.join(a.dest, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     total = 0
     for root, _, files in os.walk(a.dest):
         for name in files:
             total += os.path.getsize(os.path.join(root, name))
-    print(f"{a.dest}: {total / 2**20:.1f} MiB (a device call carries at most 64 MiB with the binary)")
+    print(f"{a.dest}: {total / 2**20:.1f} MiB (a device call carries at most 64 MiB with the working tree)")
     return 0
 
 
@@ -380,6 +405,7 @@ def main():
     q.add_argument("dest")
     q.add_argument("--mobilenet")
     q.add_argument("--minilm")
+    q.add_argument("--binary", help="the CUDA ncclean to pack with the weights")
     a = p.parse_args()
     return {"torch": torch_side, "report": report, "prepare": prepare}[a.cmd](a)
 

@@ -11,28 +11,29 @@
 #   bash scripts/device_check.sh OUT [--binary BIN] [--assets DIR] [--cpu-only] [--quick]
 #
 #   OUT          folder for the results (created)
-#   --binary     the ncclean to check (default target/cuda/release/ncclean,
-#                else target/release/ncclean, else target/debug/ncclean)
-#   --assets     a folder made by `prepare` below (default target/device-check)
+#   --binary     the ncclean to check (default: the one packed in --assets,
+#                else target/cuda/release/ncclean, target/release/ncclean,
+#                target/debug/ncclean)
+#   --assets     a folder made by `prepare` below (default target/device-pack)
 #   --cpu-only   rehearsal without a GPU: ncclean on the CPU, PyTorch on the
 #                CPU (skipped with a message when torch is not importable)
 #   --quick      small sizes: seconds (CI runs --cpu-only --quick)
 #
 # Before the call, on this machine (what to carry, measured sizes):
-#   bash scripts/build_cuda.sh           # release, compute capability 90, stripped
-#   python3 scripts/device_check.py prepare target/device-check \
+#   bash scripts/build_cuda.sh           # release, compute capability 90, stripped (77 MiB)
+#   python3 scripts/device_check.py prepare target/device-pack \
 #     --mobilenet ../shared/models/mobilenet_v2/model.safetensors \
-#     [--minilm ~/.cache/ncclean/all-MiniLM-L6-v2]
-#   MobileNetV2 is 13.6 MiB, MiniLM in f16 44 MiB (f32: 87 MiB, too large);
-#   the binary's size plus these must stay under 64 MiB: leave --minilm out
-#   when it does not fit (MiniLM's rows then say "skipped: not found").
-# The call (run tool), in one command of at most 8 minutes:
-#   carry: ["target/cuda/release/ncclean", "target/device-check"]
-#   command: bash scripts/device_check.sh "$OUT/check"
-#   timeout_s: 540
-# cuBLAS, cuRAND and NVRTC come from the machine's PyTorch environment
-# (python3 on PATH: site-packages/nvidia/*/lib), not from cuda-libs/.
-#
+#     --minilm ~/.cache/ncclean/all-MiniLM-L6-v2 --binary target/cuda/release/ncclean
+#   That writes one target/device-pack/pack.tar.xz of ~56 MiB: the binary
+#   (~11 MiB packed), MobileNetV2 and MiniLM in f16 (the towers widen them
+#   back to f32; both sides of each parity check read the same file). With
+#   the working tree (~3 MiB) it stays under the 64 MiB a call carries;
+#   leave --minilm out if it does not (MiniLM's rows then say "skipped").
+# The call (run tool), in one command of at most 9 minutes (the parts'
+# limits: gpu-check 330 s, PyTorch 110 s, the demo fit 90 s):
+#   carry: ["target/device-pack"]
+#   command: bash scripts/device_check.sh "$OUT/check" --assets target/device-pack 2>&1 | tee "$OUT/log.txt"
+#   timeout_s: 580
 # Exit status: 0 done (the table says what passed); 2 usage or no CUDA device
 # without --cpu-only; 4 a tower outside its parity tolerance.
 set -uo pipefail
@@ -41,7 +42,7 @@ usage() { echo "usage: device_check.sh OUT [--binary BIN] [--assets DIR] [--cpu-
 [ $# -ge 1 ] || usage
 out=$1; shift
 case "$out" in -*) usage ;; esac
-bin= assets=$here/target/device-check cpu_only= quick=
+bin= assets=$here/target/device-pack cpu_only= quick=
 while [ $# -gt 0 ]; do
   case "$1" in
     --binary) bin=${2:?--binary needs a file}; shift 2 ;;
@@ -51,6 +52,15 @@ while [ $# -gt 0 ]; do
     *) echo "device_check.sh: unknown argument $1" >&2; usage ;;
   esac
 done
+# A packed assets folder (device_check.py prepare): unpack it first.
+if [ -f "$assets/pack.tar.xz" ]; then
+  unpacked=$(mktemp -d)
+  trap 'rm -rf "$unpacked"' EXIT
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$assets/pack.tar.xz" "$unpacked" \
+    || { echo "device_check.sh: cannot unpack $assets/pack.tar.xz" >&2; exit 2; }
+  assets=$unpacked
+  [ -z "$bin" ] && [ -f "$assets/ncclean" ] && { chmod +x "$assets/ncclean"; bin=$assets/ncclean; }
+fi
 if [ -z "$bin" ]; then
   for b in target/cuda/release/ncclean target/release/ncclean target/debug/ncclean; do
     [ -x "$here/$b" ] && { bin=$here/$b; break; }
@@ -110,9 +120,9 @@ esac
 say "PyTorch towers"
 torch_args=(--out "$out/torch.json" --device "$([ -n "$cpu_only" ] && echo cpu || echo cuda)" --mobilenet "$mobilenet" --minilm "$minilm")
 [ -n "$quick" ] && torch_args+=(--quick)
-if ! timeout 120 python3 "$here/scripts/device_check.py" torch "${torch_args[@]}"; then
-  say "the PyTorch side failed or ran past 120 s"
-  echo '{"skipped": "failed or ran past 120 s; see stderr"}' > "$out/torch.json"
+if ! timeout 110 python3 "$here/scripts/device_check.py" torch "${torch_args[@]}"; then
+  say "the PyTorch side failed or ran past 110 s"
+  echo '{"skipped": "failed or ran past 110 s; see stderr"}' > "$out/torch.json"
 fi
 
 # 4. The main job on the device: demo data, 30% noise, `fit` (vanilla), eval.
@@ -124,8 +134,8 @@ say "fit on the demo ($pairs pairs, --device $device)"
 e2e_start=$(date +%s.%N)
 if "$bin" demo --out "$e2e" --pairs "$pairs" --seed 0 >/dev/null \
   && "$bin" corrupt "$e2e/demo.parquet" --rate 0.3 --seed 1 --out "$e2e/noisy.parquet" >/dev/null \
-  && timeout 150 "$bin" fit "$e2e/noisy.parquet" --method vanilla --out-dir "$e2e/run" --seed 0 \
-       --device "$device" > "$e2e/fit.json" \
+  && timeout 90 "$bin" fit "$e2e/noisy.parquet" --method vanilla --out-dir "$e2e/run" --seed 0 \
+       --device "$device" > "$e2e/fit.json" 2> "$e2e/fit.log" \
   && "$bin" eval --labels "$e2e/run/labels.parquet" --truth "$e2e/noisy.parquet" > "$e2e/eval.txt"; then
   python3 - "$out/e2e.json" "$e2e" "$e2e_start" "$device" <<'PY'
 import json, re, sys, time
@@ -139,8 +149,9 @@ json.dump({"device": device, "rows": fit.get("rows"), "train_seconds": fit.get("
            "seconds": time.time() - start}, open(out, "w"), indent=1)
 PY
 else
-  say "the demo fit failed or ran past 150 s (see above)"
-  echo '{"skipped": "the demo fit failed or ran past 150 s"}' > "$out/e2e.json"
+  say "the demo fit failed or ran past 90 s; the end of its log:"
+  tail -n 8 "$e2e/fit.log" >&2 2>/dev/null
+  echo '{"skipped": "the demo fit failed or ran past 90 s"}' > "$out/e2e.json"
 fi
 rm -rf "$e2e"
 

@@ -6,6 +6,8 @@
 mod bert_cpu;
 pub mod bert_text;
 pub mod clip_tower;
+#[cfg(feature = "cuda")]
+mod depthwise_cuda;
 pub mod frozen_matmul;
 pub mod gpo;
 pub mod hf_dir;

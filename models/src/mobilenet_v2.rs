@@ -9,8 +9,9 @@
 //! convolution is then one matrix product over all pixels of the batch, and
 //! the depthwise 3×3 convolution reads contiguous channel vectors. candle's
 //! grouped `conv2d` runs one convolution per group (960 tiny ones for the
-//! widest layer), so on CPU the depthwise convolution is a hand-written loop
-//! and on other devices a composition of nine shifted slices.
+//! widest layer), so on CPU the depthwise convolution is a hand-written loop,
+//! on CUDA one kernel (`depthwise_cuda.rs`), and elsewhere a composition of
+//! nine shifted slices.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -661,7 +662,17 @@ impl Depthwise {
     fn forward(&self, x: &Tensor, backend: Backend) -> Result<Tensor> {
         match backend {
             Backend::CpuKernels => self.forward_cpu(x),
-            Backend::TensorOps => self.forward_composed(x),
+            Backend::TensorOps => {
+                // On CUDA one kernel does what the composition does in ~30
+                // launches (models/src/depthwise_cuda.rs says why).
+                #[cfg(feature = "cuda")]
+                if let Some(y) =
+                    crate::depthwise_cuda::depthwise(x, &self.weight, &self.bias, self.stride)
+                {
+                    return y;
+                }
+                self.forward_composed(x)
+            }
         }
     }
 

@@ -489,7 +489,12 @@ fn throughput(opts: &CheckOptions, s: &Sizes, clip_dir: &Path) -> Result<Value> 
     {
         Some(dir) => {
             let bert = BertTextTower::load(dir, dev)?;
-            json!({ "f32": rate(b, n, || Ok(bert.forward(&refs)?.pooled))? })
+            // The encoder on ids, as PyTorch's side is timed; tokenising
+            // (on the CPU, one thread) is its own row.
+            let (ids, mask) = bert.tokenize(&refs)?;
+            out["minilm_tokenize_captions_per_s"] =
+                json!(rate(b, n, || Ok(bert.tokenize(&refs)?.0))?);
+            json!({ "f32": rate(b, n, || Ok(bert.forward_ids(&ids, &mask)?.pooled))? })
         }
         None => json!("skipped: not found"),
     };
