@@ -217,8 +217,6 @@ fn main() -> Result<()> {
     ncclean::runtime::threads::configure();
     let a = parse_args()?;
     let dev = Device::Cpu;
-    let threads = ncclean::runtime::threads::current();
-    let mut rows = Vec::new();
 
     // The yardstick: large square products, as the towers' big layers.
     let mm = matmul_gflops(1024, 1024, 1024, &dev)?;
@@ -239,12 +237,23 @@ fn main() -> Result<()> {
     };
     let image = ImageTower::load(&spec, &dev)?.context("MobileNetV2 did not load")?;
     let text = TextTower::load(&spec, &dev)?.context("MiniLM did not load")?;
-    let size = image.preprocess().size as usize;
 
-    // Decode alone, then the tower alone on the decoded pixels, then both
-    // one after the other as fit does.
+    let mut rows = image_rows(&image, &bytes, mm, &dev)?;
+    rows.push(text_row(&text, &captions, &dev)?);
+    rows.push(clip_row(a.clip_images, &dev)?);
+    print_rows(&rows, a.markdown, (mm, mm_ffn));
+    Ok(())
+}
+
+/// MobileNetV2 on the JPEG `bytes`: decode alone, then the tower alone on
+/// the decoded pixels, then both one after the other as fit does (`mm`:
+/// the matmul yardstick measured before the decode).
+fn image_rows(image: &ImageTower, bytes: &[Vec<u8>], mm: f64, dev: &Device) -> Result<Vec<Row>> {
+    let threads = ncclean::runtime::threads::current();
+    let size = image.preprocess().size as usize;
+    let mut rows = Vec::new();
     let t = Instant::now();
-    let px = decode_all(&bytes, &image)?;
+    let px = decode_all(bytes, image)?;
     let decode_rate = px.len() as f64 / t.elapsed().as_secs_f64();
     rows.push(Row {
         matmul: mm,
@@ -256,10 +265,10 @@ fn main() -> Result<()> {
         unit: "img/s",
         gflops: None,
     });
-    forward_images(&image, &px[..IMAGE_BATCH], size, &dev)?; // warm-up
-    let mm_mn = matmul_gflops(1024, 1024, 1024, &dev)?;
+    forward_images(image, &px[..IMAGE_BATCH], size, dev)?; // warm-up
+    let mm_mn = matmul_gflops(1024, 1024, 1024, dev)?;
     let t = Instant::now();
-    forward_images(&image, &px, size, &dev)?;
+    forward_images(image, &px, size, dev)?;
     let mn_rate = px.len() as f64 / t.elapsed().as_secs_f64();
     rows.push(Row {
         matmul: mm_mn,
@@ -268,11 +277,11 @@ fn main() -> Result<()> {
         unit: "img/s",
         gflops: Some(mn_rate * 2.0 * MOBILENET_MADDS / 1e9),
     });
-    let mm_e2e = matmul_gflops(1024, 1024, 1024, &dev)?;
+    let mm_e2e = matmul_gflops(1024, 1024, 1024, dev)?;
     let t = Instant::now();
     for (bc, _) in bytes.chunks(IMAGE_BATCH).zip(0..) {
-        let px = decode_all(bc, &image)?;
-        forward_images(&image, &px, size, &dev)?;
+        let px = decode_all(bc, image)?;
+        forward_images(image, &px, size, dev)?;
     }
     let e2e = bytes.len() as f64 / t.elapsed().as_secs_f64();
     rows.push(Row {
@@ -282,9 +291,12 @@ fn main() -> Result<()> {
         unit: "img/s",
         gflops: Some(e2e * 2.0 * MOBILENET_MADDS / 1e9),
     });
+    Ok(rows)
+}
 
-    // MiniLM in fit's length-sorted windows; FLOPs from the padded shapes
-    // actually run.
+/// MiniLM in fit's length-sorted windows; FLOPs from the padded shapes
+/// actually run.
+fn text_row(text: &TextTower, captions: &[String], dev: &Device) -> Result<Row> {
     let (d, layers) = (text.local_dim(), 6);
     let mut padded_flops = 0.0;
     let mut real_tokens = 0usize;
@@ -295,7 +307,7 @@ fn main() -> Result<()> {
         batches.extend(w.chunks(TEXT_BATCH).map(<[&str]>::to_vec));
     }
     text.forward(&batches[0])?; // warm-up
-    let mm_text = matmul_gflops(1024, 1024, 1024, &dev)?;
+    let mm_text = matmul_gflops(1024, 1024, 1024, dev)?;
     let t = Instant::now();
     for b in &batches {
         let out = text.forward(b)?;
@@ -305,7 +317,7 @@ fn main() -> Result<()> {
         real_tokens += mask.to_dtype(DType::F32)?.sum_all()?.to_scalar::<f32>()? as usize;
     }
     let secs = t.elapsed().as_secs_f64();
-    rows.push(Row {
+    Ok(Row {
         matmul: mm_text,
         stage: format!(
             "MiniLM, length-sorted batches of 64 ({:.1} real tokens/caption)",
@@ -314,38 +326,45 @@ fn main() -> Result<()> {
         rate: captions.len() as f64 / secs,
         unit: "captions/s",
         gflops: Some(padded_flops / secs / 1e9),
-    });
+    })
+}
 
-    // CLIP ViT-B/32 shape, random weights (the cost does not depend on them).
+/// A CLIP ViT-B/32-shaped vision tower on at most 8 of `clip_images`
+/// random images, with random weights (the cost does not depend on them).
+fn clip_row(clip_images: usize, dev: &Device) -> Result<Row> {
     let cfg = ClipVisionConfig::vit_base_patch32();
     let vm = VarMap::new();
-    let vit = ClipVisionTransformer::new(VarBuilder::from_varmap(&vm, DType::F32, &dev), &cfg)?;
-    let b = a.clip_images.min(8);
-    let mm_clip = matmul_gflops(1024, 1024, 1024, &dev)?;
-    let x = Tensor::randn(0f32, 1.0, (b, 3, cfg.image_size, cfg.image_size), &dev)?;
+    let vit = ClipVisionTransformer::new(VarBuilder::from_varmap(&vm, DType::F32, dev), &cfg)?;
+    let b = clip_images.min(8);
+    let mm_clip = matmul_gflops(1024, 1024, 1024, dev)?;
+    let x = Tensor::randn(0f32, 1.0, (b, 3, cfg.image_size, cfg.image_size), dev)?;
     let calls = rate(3.0, || {
         candle_core::Module::forward(&vit, &x)?;
         Ok(())
     })?;
-    rows.push(Row {
+    Ok(Row {
         matmul: mm_clip,
         stage: format!("CLIP ViT-B/32-shaped vision tower (random weights, batch {b})"),
         rate: calls * b as f64,
         unit: "img/s",
         gflops: Some(calls * vit_flops(b, &cfg) / 1e9),
-    });
+    })
+}
 
-    if a.markdown {
+/// The table, as text or markdown; `(mm, mm_ffn)`: the matmul yardsticks
+/// of the square and the MiniLM feed-forward shapes.
+fn print_rows(rows: &[Row], markdown: bool, (mm, mm_ffn): (f64, f64)) {
+    if markdown {
         println!(
             "| stage | throughput | GFLOP/s | matmul GFLOP/s just before | of matmul |\n|---|---|---|---|---|"
         );
     }
-    for r in &rows {
+    for r in rows {
         let (g, ratio) = match r.gflops {
             Some(g) => (format!("{g:.1}"), format!("{:.0}%", 100.0 * g / r.matmul)),
             None => ("".into(), "".into()),
         };
-        if a.markdown {
+        if markdown {
             println!(
                 "| {} | {:.1} {} | {g} | {:.0} | {ratio} |",
                 r.stage, r.rate, r.unit, r.matmul
@@ -357,11 +376,10 @@ fn main() -> Result<()> {
             );
         }
     }
-    if a.markdown {
+    if markdown {
         println!(
             "| matmul, MiniLM feed-forward shape [1024×384]·[384×1536] | | {mm_ffn:.1} | {mm:.0} | {:.0}% |",
             100.0 * mm_ffn / mm
         );
     }
-    Ok(())
 }

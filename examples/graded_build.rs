@@ -168,6 +168,43 @@ fn main() -> Result<(), Error> {
     }
     eprintln!("embedding {} captions of {n} images with MiniLM", all.len());
     let emb = embed(&tower, &all)?;
+    let pairs = candidates(&split);
+    let relevance: Vec<f64> = pairs
+        .iter()
+        .map(|&(g, h, c, _)| {
+            let cand = &emb[offsets[h] + c];
+            let refs = 1..split.images[g].2.len();
+            let k = refs.len() as f64;
+            refs.map(|j| dot(cand, &emb[offsets[g] + j])).sum::<f64>() / k
+        })
+        .collect();
+    write_pairs(
+        std::path::Path::new(out),
+        split_path,
+        &split,
+        &pairs,
+        &relevance,
+    )?;
+    let mut by_kind: BTreeMap<&str, (usize, f64)> = BTreeMap::new();
+    for (p, r) in pairs.iter().zip(&relevance) {
+        let e = by_kind.entry(p.3.as_str()).or_default();
+        e.0 += 1;
+        e.1 += r;
+    }
+    println!("{out}: {} pairs of {n} images", pairs.len());
+    for (kind, (count, sum)) in by_kind {
+        println!(
+            "  {kind:<8} {count:>6} pairs, mean relevance {:.3}",
+            sum / count as f64
+        );
+    }
+    Ok(())
+}
+
+/// Every image's candidate captions: its own, those of its neighbours at
+/// [`NEAR_RANKS`], and [`RANDOM`] of random other images.
+fn candidates(split: &Split) -> Vec<Candidate> {
+    let n = split.images.len();
     let docs: Vec<Vec<&str>> = split
         .images
         .iter()
@@ -204,15 +241,17 @@ fn main() -> Result<(), Error> {
             drawn += 1;
         }
     }
-    let relevance: Vec<f64> = pairs
-        .iter()
-        .map(|&(g, h, c, _)| {
-            let cand = &emb[offsets[h] + c];
-            let refs = 1..split.images[g].2.len();
-            let k = refs.len() as f64;
-            refs.map(|j| dot(cand, &emb[offsets[g] + j])).sum::<f64>() / k
-        })
-        .collect();
+    pairs
+}
+
+/// The benchmark file: one row per candidate pair with its relevance.
+fn write_pairs(
+    out: &std::path::Path,
+    split_path: &str,
+    split: &Split,
+    pairs: &[Candidate],
+    relevance: &[f64],
+) -> Result<(), Error> {
     let schema = Arc::new(Schema::new(vec![
         Field::new("key", DataType::Utf8, false),
         Field::new("image", DataType::Binary, false),
@@ -226,7 +265,7 @@ fn main() -> Result<(), Error> {
         "source".to_string(),
         format!("graded pairs from {split_path} (Flickr8k, research use only): own caption, neighbours at ranks {NEAR_RANKS:?}, {RANDOM} random; relevance = mean MiniLM cosine to the image's other captions"),
     );
-    let mut w = AtomicParquetWriter::create(std::path::Path::new(out), schema.clone(), &meta)?;
+    let mut w = AtomicParquetWriter::create(out, schema.clone(), &meta)?;
     for chunk in pairs.chunks(2000).zip(relevance.chunks(2000)) {
         let (ps, rel) = chunk;
         let col = |f: &dyn Fn(&Candidate) -> String| -> ArrayRef {
@@ -248,18 +287,5 @@ fn main() -> Result<(), Error> {
         w.write(&batch)?;
     }
     w.finish()?;
-    let mut by_kind: BTreeMap<&str, (usize, f64)> = BTreeMap::new();
-    for (p, r) in pairs.iter().zip(&relevance) {
-        let e = by_kind.entry(p.3.as_str()).or_default();
-        e.0 += 1;
-        e.1 += r;
-    }
-    println!("{out}: {} pairs of {n} images", pairs.len());
-    for (kind, (count, sum)) in by_kind {
-        println!(
-            "  {kind:<8} {count:>6} pairs, mean relevance {:.3}",
-            sum / count as f64
-        );
-    }
     Ok(())
 }

@@ -98,14 +98,6 @@ pub fn has_model_files(dir: &Path) -> bool {
     REQUIRED_FILES.iter().all(|f| dir.join(f).is_file())
 }
 
-/// The first of [`REQUIRED_FILES`] missing from `dir`, if any.
-pub fn first_missing_file(dir: &Path) -> Option<&'static str> {
-    REQUIRED_FILES
-        .iter()
-        .copied()
-        .find(|f| !dir.join(f).is_file())
-}
-
 fn home_dir() -> Option<PathBuf> {
     std::env::var_os("HOME")
         .or_else(|| std::env::var_os("USERPROFILE"))

@@ -25,5 +25,5 @@ pub fn run(a: CompletionsArgs, _rep: &Reporter) -> Result<()> {
     let mut cmd = super::Cli::command();
     let mut script = Vec::new();
     clap_complete::generate(a.shell, &mut cmd, "ncclean", &mut script);
-    super::write_stdout(&script)
+    crate::runtime::progress::write_stdout(&script)
 }

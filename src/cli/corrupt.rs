@@ -4,9 +4,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::runtime::progress::Reporter;
-use crate::synth::corrupt::{Noise, NoiseMode};
+use crate::synth::corrupt::{corrupt_file, Noise, NoiseMode};
 
 use super::DataArgs;
 
@@ -37,49 +37,9 @@ pub struct CorruptArgs {
     pub out: PathBuf,
 }
 
+/// Run `ncclean corrupt`.
 pub fn run(a: CorruptArgs, rep: &Reporter) -> Result<()> {
-    if !(0.0..=1.0).contains(&a.rate) || a.rate.is_nan() {
-        return Err(Error::Usage(format!(
-            "--rate must be between 0 and 1, got {}",
-            a.rate
-        )));
-    }
-    if a.mode != NoiseMode::Mixed && a.hard_fraction.is_some() {
-        return Err(Error::Usage(format!(
-            "--hard-fraction only applies to --mode mixed (got --mode {})",
-            a.mode.name()
-        )));
-    }
+    let noise = Noise::from_flags(a.rate, a.seed, a.mode, a.hard_fraction)?;
     let input = a.data.open()?;
-    let files: Vec<PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
-    crate::run::dir::check_not_an_input(&a.out, &files, "--out")?;
-    let noise = Noise {
-        rate: a.rate,
-        seed: a.seed,
-        mode: a.mode,
-        hard_fraction: a.hard_fraction.unwrap_or(0.5),
-    };
-    let s = crate::synth::corrupt::corrupt(&input, &noise, &a.out)?;
-    rep.info(&format!(
-        "replaced the images of {} of {} rows ({} noise); {} pairs are now mismatched",
-        s.chosen,
-        s.rows,
-        a.mode.name(),
-        s.noisy
-    ));
-    super::print_summary(&CorruptPrinted {
-        out: a.out.display().to_string(),
-        rows: s.rows,
-        chosen: s.chosen,
-        noisy: s.noisy,
-    })
-}
-
-/// What `corrupt` prints on stdout.
-#[derive(serde::Serialize)]
-struct CorruptPrinted {
-    out: String,
-    rows: usize,
-    chosen: usize,
-    noisy: usize,
+    super::print_summary(&corrupt_file(&input, &noise, &a.out, rep)?)
 }

@@ -4,10 +4,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::runtime::progress::Reporter;
-use crate::synth::demo::{MAX_IMAGE_SIZE, MIN_IMAGE_SIZE};
-use crate::synth::demo_files::{DemoFiles, MAX_SHARDS};
+use crate::synth::demo_files::DemoFiles;
 
 /// Arguments of `ncclean demo`.
 #[derive(Debug, Args)]
@@ -35,40 +34,8 @@ pub struct DemoArgs {
     pub shards: usize,
 }
 
+/// Run `ncclean demo`: each file's path on stdout once it is written.
 pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
-    if !(MIN_IMAGE_SIZE..=MAX_IMAGE_SIZE).contains(&a.image_size) {
-        return Err(Error::Usage(format!(
-            "--image-size must be between {MIN_IMAGE_SIZE} and {MAX_IMAGE_SIZE} pixels, got {}",
-            a.image_size
-        )));
-    }
-    if a.pairs == 0 {
-        return Err(Error::Usage("--pairs must be at least 1".into()));
-    }
-    if a.shards == 0 || a.shards > a.pairs {
-        return Err(Error::Usage(format!(
-            "--shards must be between 1 and --pairs ({}), got {}",
-            a.pairs, a.shards
-        )));
-    }
-    if a.shards > MAX_SHARDS {
-        return Err(Error::Usage(format!(
-            "--shards must be at most {MAX_SHARDS} (one file each), got {}",
-            a.shards
-        )));
-    }
-    let widest = crate::data::MAX_EMBEDDING_DIM;
-    if let Some(d) = a.embedding_dim.filter(|d| !(1..=widest).contains(d)) {
-        return Err(Error::Usage(format!(
-            "--embedding-dim must be between 1 and {widest} (the widest embedding \
-             ncclean reads), got {d}"
-        )));
-    }
-    if a.embedding_dim.is_none() && a.shards > 1 {
-        return Err(Error::Usage(
-            "--shards needs --embedding-dim (image demo data is written as one file)".into(),
-        ));
-    }
     let files = DemoFiles {
         out: a.out,
         pairs: a.pairs,
@@ -77,5 +44,6 @@ pub fn run(a: DemoArgs, rep: &Reporter) -> Result<()> {
         embedding_dim: a.embedding_dim,
         shards: a.shards,
     };
+    files.check()?;
     files.write(rep, &mut |path| println!("{}", path.display()))
 }

@@ -5,8 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use crate::curation::eval::{agreement, detection, read_truth, Agreement, Truth};
-use crate::data;
+use crate::curation::eval_text::evaluate;
 use crate::error::Result;
 use crate::runtime::progress::Reporter;
 
@@ -54,6 +53,7 @@ pub struct EvalArgs {
     pub json: bool,
 }
 
+/// `eval --retrieval`.
 fn run_retrieval(a: &EvalArgs, rep: &Reporter) -> Result<()> {
     if a.data.is_empty() {
         return Err(crate::Error::Usage(
@@ -65,139 +65,42 @@ fn run_retrieval(a: &EvalArgs, rep: &Reporter) -> Result<()> {
         .checkpoint
         .as_deref()
         .ok_or_else(|| crate::Error::Usage("--retrieval needs --checkpoint".into()))?;
-    let engine = crate::engine::Engine::load(checkpoint, &chosen.device)?;
-    rep.info(&chosen.line);
-    let opts = engine.input_options(crate::data::ColumnOptions {
-        image_limits: a.images.limits(),
-        ..Default::default()
-    });
-    let input = crate::data::InputSet::open(&a.data, &opts)?;
-    let prepared = engine.prepare(&input, &a.cache.options()?, rep)?;
-    let r = engine.retrieval(&prepared)?;
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string(&r).context("serialising metrics")?
-        );
+    let (r, skipped) = crate::curation::retrieval::of_checkpoint(
+        checkpoint,
+        &a.data,
+        (&chosen.device, &chosen.line),
+        a.images.limits(),
+        &a.cache.request(),
+        rep,
+    )?;
+    print_metrics(a.json, &r, || r.text(skipped))
+}
+
+/// Print `metrics` as one JSON object with `json`, else as `text` says them.
+fn print_metrics(
+    json: bool,
+    metrics: &impl serde::Serialize,
+    text: impl FnOnce() -> String,
+) -> Result<()> {
+    if json {
+        let line = serde_json::to_string(metrics).context("serialising metrics")?;
+        println!("{line}");
     } else {
-        println!(
-            "{} images, {} captions ({} rows skipped)",
-            r.images,
-            r.captions,
-            prepared.skipped()
-        );
-        println!(
-            "image->text  R@1 {:.1}  R@5 {:.1}  R@10 {:.1}",
-            r.i2t_r1, r.i2t_r5, r.i2t_r10
-        );
-        println!(
-            "text->image  R@1 {:.1}  R@5 {:.1}  R@10 {:.1}",
-            r.t2i_r1, r.t2i_r5, r.t2i_r10
-        );
-        println!("rSum {:.1}", r.rsum);
+        print!("{}", text());
     }
     Ok(())
 }
 
-fn print_agreement(g: &Agreement, a: &EvalArgs) -> Result<()> {
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string(g).context("serialising metrics")?
-        );
-        return Ok(());
-    }
-    let f = |v: Option<f64>| {
-        v.map(|v| format!("{v:>7.4}"))
-            .unwrap_or_else(|| "    n/a".into())
-    };
-    println!(
-        "pairs evaluated: {} against graded truth {:?} ({} skipped rows not evaluated)",
-        g.n, a.truth_col, g.skipped
-    );
-    println!(
-        "             Kendall tau-b  Spearman  AUC top {} vs bottom {}",
-        g.top, g.bottom
-    );
-    for (name, k, r, auc) in [
-        (
-            "clean_prob",
-            g.kendall_clean_prob,
-            g.spearman_clean_prob,
-            g.auc_clean_prob,
-        ),
-        (
-            "similarity",
-            g.kendall_similarity,
-            g.spearman_similarity,
-            g.auc_similarity,
-        ),
-        (
-            "soft_label",
-            g.kendall_soft_label,
-            g.spearman_soft_label,
-            g.auc_soft_label,
-        ),
-    ] {
-        println!("{name:<12} {}        {}   {}", f(k), f(r), f(auc));
-    }
-    println!("mean clean_prob: {:.4}", g.mean_clean_prob);
-    Ok(())
-}
-
+/// Run `ncclean eval`.
 pub fn run(a: EvalArgs, rep: &Reporter) -> Result<()> {
     if a.retrieval {
         return run_retrieval(&a, rep);
     }
-    let (Some(labels_path), Some(truth_path)) = (&a.labels, &a.truth) else {
+    let (Some(labels), Some(truth)) = (&a.labels, &a.truth) else {
         return Err(crate::Error::Usage(
             "eval needs --labels and --truth (or --retrieval)".into(),
         ));
     };
-    let (labels, _) = data::read_labels(labels_path)?;
-    let truth = match read_truth(truth_path, &a.truth_col, a.truth_key_col.as_deref())? {
-        Truth::Noisy(t) => t,
-        Truth::Graded(t) => return print_agreement(&agreement(&labels, &t)?, &a),
-    };
-    let d = detection(&labels, &truth)?;
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string(&d).context("serialising metrics")?
-        );
-    } else {
-        let f = |v: Option<f64>| {
-            v.map(|v| format!("{v:.4}"))
-                .unwrap_or_else(|| "n/a (one class only)".into())
-        };
-        println!(
-            "pairs evaluated: {} ({} noisy, {} skipped rows not evaluated)",
-            d.n, d.noisy, d.skipped
-        );
-        println!("AUROC (1 - clean_prob, noisy class): {}", f(d.auroc));
-        println!("average precision:                   {}", f(d.ap));
-        println!(
-            "AUROC of the rules' order:           {} (clean_prob, ties by similarity)",
-            f(d.auroc_ranked)
-        );
-        println!(
-            "AUROC of 1 - soft_label:             {}",
-            f(d.auroc_soft_label)
-        );
-        println!(
-            "AUROC of -similarity:                {}",
-            f(d.auroc_similarity)
-        );
-        println!(
-            "clean_prob as P(clean): mean {:.4} (truth: {:.4} clean), calibration error {} (ECE, 10 bins)",
-            d.mean_clean_prob,
-            d.clean_share,
-            f(d.calibration_error)
-        );
-        println!(
-            "is_clean = false  precision {:.4}  recall {:.4}  F1 {:.4}",
-            d.precision, d.recall, d.f1
-        );
-    }
-    Ok(())
+    let e = evaluate(labels, truth, &a.truth_col, a.truth_key_col.as_deref())?;
+    print_metrics(a.json, &e, || e.text(&a.truth_col))
 }

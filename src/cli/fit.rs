@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::data::TextEmbeddings;
+use crate::engine::configure::{self, ConfigFlags};
 use crate::engine::{self, FitOptions};
-use crate::error::{invalid, Error, Result};
+use crate::error::{Error, Result};
 use crate::runtime::progress::Reporter;
 use crate::towers::choice::TowerFlags;
 use crate::towers::encoders::TextEncoder;
@@ -108,55 +109,23 @@ fn method_names() -> clap::builder::PossibleValuesParser {
     )
 }
 
-/// Flags that override the configuration, as a partial TOML table.
-fn overrides(a: &FitArgs) -> Result<toml::Table> {
-    let mut t = ncclean_pipelines::config::parse_sets(&a.sets).map_err(Error::Usage)?;
-    // Saturated: a count past i64 is refused by validate as out of range,
-    // naming the key (a wrapped -1 was not).
-    let int = |v: usize| toml::Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
-    let flags = [
-        ("epochs", "--epochs", a.epochs.map(int)),
-        ("warmup_epochs", "--warmup-epochs", a.warmup_epochs.map(int)),
-        ("batch_size", "--batch-size", a.batch_size.map(int)),
-        ("lr", "--lr", a.lr.map(toml::Value::Float)),
-        ("head", "--head", a.head.clone().map(toml::Value::String)),
-    ];
-    for (key, flag, value) in flags {
-        let Some(value) = value else { continue };
-        // One of the two would be dropped without a word.
-        if let Some(set) = t.get(key) {
-            return Err(Error::Usage(format!(
-                "--set {key}={set} and {flag} {value} both set {key}; give one of them"
-            )));
-        }
-        t.insert(key.into(), value);
-    }
-    Ok(t)
-}
-
+/// Run `ncclean fit`.
 pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     let rule = a.threshold.rule()?;
     let chosen = crate::runtime::device::choose(&a.device)?;
-    let user = match &a.config {
-        Some(p) => Some(crate::runtime::small_file::read_text(
-            p,
-            crate::runtime::small_file::CONFIG_LIMIT,
-            "config file",
-        )?),
-        None => None,
-    };
-    let (config, notes) =
-        ncclean_pipelines::presets::resolve_with_notes(&a.method, user.as_deref(), &overrides(&a)?)
-            .map_err(|e| match &a.config {
-                Some(p) => invalid(format!("{}: {e}", p.display())),
-                None => Error::Usage(e),
-            })?;
-    // Every key's range and the method's own parameters, before any input
-    // is read (exit 2 naming the key, the value and the allowed range).
-    ncclean_pipelines::registry::validate(&a.method, &config)?;
-    for note in &notes {
-        rep.info(note);
-    }
+    let config = configure::resolve(
+        &ConfigFlags {
+            method: a.method.clone(),
+            config: a.config.clone(),
+            sets: a.sets.clone(),
+            epochs: a.epochs,
+            warmup_epochs: a.warmup_epochs,
+            batch_size: a.batch_size,
+            lr: a.lr,
+            head: a.head.clone(),
+        },
+        rep,
+    )?;
     if a.sample.is_some_and(|n| n < 2) {
         return Err(Error::Usage(
             "--sample must be at least 2 (the number of rows to train on)".into(),
@@ -199,52 +168,8 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     };
     rep.info(&chosen.line);
     let s = engine::fit(&input, &opts, &chosen.device, rep)?;
-    rep.info(&format!(
-        "{} rows: {} usable ({} skipped), {} clean, estimated noise {:.1}%; trained in {:.1}s, scored {:.0} pairs/s",
-        s.rows,
-        s.pairs,
-        s.skipped,
-        s.clean,
-        100.0 * s.estimated_noise_rate,
-        s.train_seconds,
-        s.score_pairs_per_second
-    ));
-    super::print_summary(&FitPrinted {
-        out_dir: a.out_dir.display().to_string(),
-        rows: s.rows,
-        usable: s.pairs,
-        skipped: s.skipped,
-        clean: s.clean,
-        estimated_noise_rate: s.estimated_noise_rate,
-        min_prob: s.cut.min_prob,
-        min_similarity: s.cut.min_similarity,
-        expected_precision: s.cut.expected_precision,
-        warnings: &s.warnings,
-        train_seconds: s.train_seconds,
-        score_pairs_per_second: s.score_pairs_per_second,
-    })?;
+    rep.info(&s.log_line());
+    super::print_summary(&s.printed(&a.out_dir))?;
     a.outcome.check(s.rows, s.skipped)?;
-    crate::data::FilterSummary {
-        rows_in: s.rows,
-        rows_out: s.filtered_rows,
-        dropped: s.filtered_dropped,
-    }
-    .check(&a.out_dir.join("filtered.parquet"))
-}
-
-/// What `fit` prints on stdout.
-#[derive(serde::Serialize)]
-struct FitPrinted<'a> {
-    out_dir: String,
-    rows: usize,
-    usable: usize,
-    skipped: usize,
-    clean: usize,
-    estimated_noise_rate: f64,
-    min_prob: f64,
-    min_similarity: Option<f64>,
-    expected_precision: f64,
-    warnings: &'a [String],
-    train_seconds: f64,
-    score_pairs_per_second: f64,
+    s.check_filtered(&a.out_dir)
 }

@@ -1,11 +1,11 @@
 //! `ncclean gpu-check` (hidden): parity, decode and tower throughput, and
 //! training speed on a GPU, as JSON. `scripts/gpu_check.sh` drives it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::error::{invalid, Error, Result};
+use crate::error::{Error, Result};
 use crate::runtime::progress::Reporter;
 
 /// Measure a GPU machine (issue #13); writes one JSON document.
@@ -31,6 +31,7 @@ pub struct GpuCheckArgs {
     pub minilm: Option<PathBuf>,
 }
 
+/// Run `ncclean gpu-check`.
 pub fn run(a: GpuCheckArgs, rep: &Reporter) -> Result<()> {
     let chosen = crate::runtime::device::choose(if a.cpu_only { "cpu" } else { &a.device })?;
     if !a.cpu_only && !chosen.device.is_cuda() {
@@ -40,56 +41,11 @@ pub fn run(a: GpuCheckArgs, rep: &Reporter) -> Result<()> {
         )));
     }
     rep.info(&chosen.line);
-    let scratch = Scratch::new()?;
-    let opts = crate::runtime::gpu_check::CheckOptions {
-        device_name: chosen
-            .line
-            .strip_prefix("device: ")
-            .unwrap_or(&chosen.line)
-            .to_string(),
-        device: chosen.device,
-        quick: a.quick,
-        mobilenet: a.mobilenet.clone().or_else(|| {
-            Some(Path::new("../shared/models/mobilenet_v2/model.safetensors").to_path_buf())
-        }),
-        minilm: a
-            .minilm
-            .clone()
-            .or_else(ncclean_models::hf_dir::default_minilm_dir),
-        scratch: scratch.0.clone(),
-    };
-    let write = |doc: &serde_json::Value| -> Result<()> {
-        let text = serde_json::to_string_pretty(doc).map_err(anyhow::Error::from)?;
-        // Whole documents only: a run stopped mid-write leaves the last stage's.
-        crate::data::write_atomic(&a.json, (text + "\n").as_bytes())
-            .map_err(|e| invalid(format!("cannot write {}: {e}", a.json.display())))
-    };
-    let report = crate::runtime::gpu_check::run(&opts, &|m| rep.info(m), &write)?;
-    rep.info(&format!("wrote {}", a.json.display()));
-    if report["parity_pass"] != serde_json::Value::Bool(true) {
-        return Err(Error::Partial(format!(
-            "a tower is outside its tolerance; see \"parity\" in {}",
-            a.json.display()
-        )));
-    }
-    Ok(())
-}
-
-/// A directory under the system temp dir, removed when dropped (the
-/// synthetic CLIP written there is 600 MB at ViT-B/32 size).
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new() -> Result<Scratch> {
-        let dir = std::env::temp_dir().join(format!("ncclean-gpu-check-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| invalid(format!("cannot create {}: {e}", dir.display())))?;
-        Ok(Scratch(dir))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    crate::runtime::gpu_check::check_to_file(
+        chosen,
+        a.quick,
+        (a.mobilenet, a.minilm),
+        &a.json,
+        &|m| rep.info(m),
+    )
 }

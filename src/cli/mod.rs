@@ -8,7 +8,9 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 use crate::data::images::ImageLimits;
 use crate::data::{ColumnOptions, Preset, TextEmbeddings};
 use crate::error::{Error, Result};
+use crate::runtime::parse;
 use crate::runtime::progress::{LogFormat, Reporter};
+use crate::towers::features::{CacheOptions, CacheRequest};
 
 mod completions;
 mod corrupt;
@@ -188,24 +190,16 @@ impl DataArgs {
         }
     }
 
-    /// How directories and globs among DATA are searched.
-    pub fn discovery(&self) -> crate::data::Discovery {
-        crate::data::Discovery {
-            recursive: self.recursive,
-        }
-    }
-
     /// Open and validate the inputs, for commands that do not read images.
     pub fn open(&self) -> Result<crate::data::InputSet> {
-        self.check_given()?;
-        crate::data::InputSet::open(&self.data, &self.column_options())
+        self.open_options(&self.column_options())
     }
 
     /// Open and validate the inputs with `opts` (these flags' options,
-    /// completed by the caller).
+    /// completed by the caller). DATA is optional to clap (`--files-from`
+    /// can replace it), so its absence is refused here.
     pub fn open_options(&self, opts: &ColumnOptions) -> Result<crate::data::InputSet> {
-        self.check_given()?;
-        crate::data::InputSet::open(&self.data, opts)
+        crate::data::InputSet::open_given(&self.data, opts)
     }
 
     /// The column options with the image limits of `images`.
@@ -235,17 +229,6 @@ impl DataArgs {
             self.image_root = self.image_root.take().or(record.image_root);
         }
         self.data.len()
-    }
-
-    /// DATA is optional to clap (`--files-from` can replace it), so its
-    /// absence is said here.
-    fn check_given(&self) -> Result<()> {
-        if self.data.is_empty() {
-            return Err(crate::error::Error::Usage(
-                "no input given: name parquet files, directories of them or globs (DATA)".into(),
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -281,20 +264,6 @@ impl ShardArgs {
         Ok(())
     }
 
-    /// Every worker's shards of `data` and `--files-from`, in order.
-    pub fn select_all(
-        &self,
-        data: &[PathBuf],
-        how: crate::data::Discovery,
-    ) -> Result<Vec<crate::run::shards::Shard>> {
-        crate::run::shards::select(
-            data,
-            how,
-            self.files_from.as_deref(),
-            &crate::run::shards::Split::all(),
-        )
-    }
-
     /// This worker's shards of `data` and `--files-from`.
     pub fn select(
         &self,
@@ -316,14 +285,14 @@ pub struct ImageArgs {
     /// Largest image file read from a path column (or image member of a tar
     /// shard); larger ones are skipped with their size. Bytes, or with a K,
     /// M or G suffix (powers of 1024).
-    #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = byte_size)]
+    #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = parse::byte_size)]
     pub max_image_bytes: u64,
     /// Images with more pixels than this (width × height, read from the
     /// header) are skipped without being decoded. All decode threads
     /// together hold at most 32 bytes × this of decoded images, however many
     /// cores there are.
     #[arg(long, value_name = "PIXELS", default_value_t = crate::data::images::DEFAULT_MAX_IMAGE_PIXELS,
-          value_parser = pixel_count)]
+          value_parser = parse::pixel_count)]
     pub max_image_pixels: u64,
     /// Read image paths that are absolute or lead outside the parquet
     /// file's directory (or --image-root), through `..` or a symbolic link.
@@ -340,42 +309,6 @@ impl ImageArgs {
             max_pixels: self.max_image_pixels,
             allow_absolute_paths: self.allow_absolute_paths,
         }
-    }
-}
-
-/// A positive byte count: digits with an optional K, M or G suffix
-/// (powers of 1024; `KiB`/`KB` spellings accepted).
-fn byte_size(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    let digits = t.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let unit = t[digits.len()..].to_ascii_lowercase();
-    let shift = match unit.as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        _ => return Err(format!("expected a number of bytes such as 64M, got {s:?}")),
-    };
-    match digits
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(1 << shift))
-    {
-        Some(0) => Err("must be at least 1 byte".into()),
-        Some(n) => Ok(n),
-        None => Err(format!("expected a number of bytes such as 64M, got {s:?}")),
-    }
-}
-
-/// A positive pixel count.
-fn pixel_count(s: &str) -> std::result::Result<u64, String> {
-    match s.trim().parse::<u64>() {
-        Ok(0) => Err("must be at least 1 pixel".into()),
-        Ok(n) => Ok(n),
-        Err(_) => Err(format!(
-            "expected a number of pixels such as 50000000, got {s:?}"
-        )),
     }
 }
 
@@ -410,7 +343,7 @@ pub struct OutcomeArgs {
     /// not be used (unreadable image, missing caption, ...). Outputs are
     /// written in full either way, each skipped row with its reason. 0 makes
     /// any skipped row a partial result; 1 never does.
-    #[arg(long, value_name = "FRACTION", default_value_t = 0.5, value_parser = fraction)]
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.5, value_parser = parse::fraction)]
     pub max_skipped: f64,
 }
 
@@ -418,14 +351,6 @@ impl OutcomeArgs {
     /// Exit 4 when `skipped` of `rows` is more than the flag allows.
     pub fn check(&self, rows: usize, skipped: usize) -> Result<()> {
         crate::error::partial_if_skipped(rows, skipped, self.max_skipped)
-    }
-}
-
-/// A number in [0, 1].
-fn fraction(s: &str) -> std::result::Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
-        _ => Err(format!("expected a fraction between 0 and 1, got {s:?}")),
     }
 }
 
@@ -441,25 +366,17 @@ pub struct CacheArgs {
 }
 
 impl CacheArgs {
-    /// The cache these flags ask for; a cache path that exists as something
-    /// other than a directory is refused (exit 2) before any work, instead
-    /// of failing once the first feature is stored.
-    pub fn options(&self) -> Result<crate::towers::features::CacheOptions> {
-        let dir = if self.no_cache {
-            None
-        } else {
-            self.cache_dir
-                .clone()
-                .or_else(crate::towers::features::CacheOptions::default_dir)
-        };
-        if let Some(d) = dir.as_deref().filter(|d| d.exists() && !d.is_dir()) {
-            return Err(Error::Usage(format!(
-                "the feature cache {} exists and is not a directory; name a directory with \
-                 --cache-dir (it is created when missing), or pass --no-cache",
-                d.display()
-            )));
+    /// The cache these flags ask for, unresolved.
+    pub fn request(&self) -> CacheRequest {
+        CacheRequest {
+            dir: self.cache_dir.clone(),
+            no_cache: self.no_cache,
         }
-        Ok(crate::towers::features::CacheOptions { dir })
+    }
+
+    /// The cache these flags ask for, resolved and checked.
+    pub fn options(&self) -> Result<CacheOptions> {
+        self.request().resolve()
     }
 }
 
@@ -508,18 +425,5 @@ fn print_version(json: bool) -> Result<()> {
     } else {
         build.text()
     };
-    write_stdout(text.as_bytes())
-}
-
-/// Write generated text (a completion script, a man page) to stdout. A
-/// reader that stops early (`| head`) is not an error.
-fn write_stdout(bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-            Err(Error::Other(anyhow::anyhow!("writing to stdout: {e}")))
-        }
-        _ => Ok(()),
-    }
+    crate::runtime::progress::write_stdout(text.as_bytes())
 }

@@ -30,44 +30,12 @@ pub struct ReportArgs {
 
 /// Run `ncclean report`.
 pub fn run(a: ReportArgs, rep: &Reporter) -> Result<()> {
-    if !(1..=report::MAX_PER_GROUP).contains(&a.per_group) {
-        return Err(Error::Usage(format!(
-            "--per-group must be between 1 and {}, got {}",
-            report::MAX_PER_GROUP,
-            a.per_group
-        )));
-    }
+    let opts = report::Options {
+        per_group: a.per_group,
+    };
+    opts.check()?;
     let run = crate::run::inputs::run_dir_or_default(a.run.as_deref(), "`ncclean report DIR`")?;
-    let out = a.out.clone().unwrap_or_else(|| run.join("report.html"));
-    crate::runtime::temp::check_replaceable(&out, "--out")?;
-    // The pictures are read back from the files fit was given, by row.
-    if crate::run::inputs::recorded_inputs_changed(&run) == Some(true) {
-        crate::runtime::progress::warn_once(&format!(
-            "the files {}/run.json names as the training data changed since fit (their content \
-             differs from the input_fingerprint it records, or one is gone): the report's \
-             pictures are read from them by row and may not show the pairs that were scored",
-            run.display()
-        ));
-    }
-    let s = report::write(
-        &run,
-        &out,
-        &report::Options {
-            per_group: a.per_group,
-        },
-    )?;
-    rep.info(&format!(
-        "wrote {}: {} scored pairs, {} shown ({} without a picture){}",
-        out.display(),
-        s.scored,
-        s.shown,
-        s.pictures_missing,
-        if s.mixture_drawn {
-            ""
-        } else {
-            "; no fitted mixture to draw"
-        }
-    ));
+    let s = report::write_run(&run, a.out, &opts, rep)?;
     println!(
         "{}",
         serde_json::to_string(&s).map_err(|e| Error::Other(e.into()))?

@@ -95,6 +95,30 @@ fn count(hits: &mut [usize; 3], rank: usize) {
     }
 }
 
+/// `eval --retrieval`: the recalls of the checkpoint at `checkpoint` on
+/// the held-out `data` (captions of one image grouped by identical image
+/// bytes), and the rows skipped. `device` is said on stderr as
+/// `device_line` once the checkpoint is loaded.
+pub fn of_checkpoint(
+    checkpoint: &std::path::Path,
+    data: &[std::path::PathBuf],
+    device: (&candle_core::Device, &str),
+    images: crate::data::images::ImageLimits,
+    cache: &crate::towers::features::CacheRequest,
+    rep: &crate::runtime::progress::Reporter,
+) -> crate::Result<(Retrieval, usize)> {
+    let engine = crate::engine::Engine::load(checkpoint, device.0)?;
+    rep.info(device.1);
+    let opts = engine.input_options(crate::data::ColumnOptions {
+        image_limits: images,
+        ..Default::default()
+    });
+    let input = crate::data::InputSet::open(data, &opts)?;
+    let prepared = engine.prepare(&input, &cache.resolve()?, rep)?;
+    let r = engine.retrieval(&prepared)?;
+    Ok((r, prepared.skipped()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

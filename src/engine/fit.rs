@@ -114,6 +114,68 @@ pub struct FitSummary {
     pub sample: Option<SampleInfo>,
 }
 
+impl FitSummary {
+    /// The run in one line, as `fit` says it on stderr.
+    pub fn log_line(&self) -> String {
+        format!(
+            "{} rows: {} usable ({} skipped), {} clean, estimated noise {:.1}%; trained in {:.1}s, scored {:.0} pairs/s",
+            self.rows,
+            self.pairs,
+            self.skipped,
+            self.clean,
+            100.0 * self.estimated_noise_rate,
+            self.train_seconds,
+            self.score_pairs_per_second
+        )
+    }
+
+    /// What `fit` prints on stdout for the run in `out_dir`.
+    pub fn printed(&self, out_dir: &Path) -> FitPrinted<'_> {
+        FitPrinted {
+            out_dir: out_dir.display().to_string(),
+            rows: self.rows,
+            usable: self.pairs,
+            skipped: self.skipped,
+            clean: self.clean,
+            estimated_noise_rate: self.estimated_noise_rate,
+            min_prob: self.cut.min_prob,
+            min_similarity: self.cut.min_similarity,
+            expected_precision: self.cut.expected_precision,
+            warnings: &self.warnings,
+            train_seconds: self.train_seconds,
+            score_pairs_per_second: self.score_pairs_per_second,
+        }
+    }
+
+    /// A partial result (exit 4) when clean rows are missing from
+    /// `out_dir`'s filtered.parquet.
+    pub fn check_filtered(&self, out_dir: &Path) -> Result<()> {
+        data::FilterSummary {
+            rows_in: self.rows,
+            rows_out: self.filtered_rows,
+            dropped: self.filtered_dropped,
+        }
+        .check(&out_dir.join("filtered.parquet"))
+    }
+}
+
+/// What `fit` prints on stdout ([`FitSummary::printed`]).
+#[derive(Debug, Serialize)]
+pub struct FitPrinted<'a> {
+    out_dir: String,
+    rows: usize,
+    usable: usize,
+    skipped: usize,
+    clean: usize,
+    estimated_noise_rate: f64,
+    min_prob: f64,
+    min_similarity: Option<f64>,
+    expected_precision: f64,
+    warnings: &'a [String],
+    train_seconds: f64,
+    score_pairs_per_second: f64,
+}
+
 /// Train `opts.method` on `input`, write the run directory and return a summary.
 ///
 /// The phases, in order: [`begin`] the run directory, [`prepare`] the

@@ -7,6 +7,7 @@
 //!   prepares, embeds and scores data, a large file a block at a time
 //!   ([`Engine::score_file`]);
 //! - [`fit`]: train a method and write the run directory;
+//! - [`score_out`]: `score`'s outputs, one labels file or one per shard;
 //! - [`join_by_position`]: which input rows `filtered.parquet` keeps.
 //!
 //! `fit` prepares inputs, trains, writes a checkpoint, reloads it as an
@@ -15,6 +16,7 @@
 //! rule on them and stores the cut with the checkpoint
 //! ([`crate::curation::threshold::Record`]), so both agree exactly.
 
+pub(crate) mod configure;
 mod fit;
 pub(crate) mod inspect;
 mod join;
@@ -23,7 +25,8 @@ mod labels;
 #[cfg(feature = "polars")]
 mod polars_filter;
 mod prepare;
-pub(crate) mod score;
+mod score;
+pub(crate) mod score_out;
 mod stream;
 mod trained;
 

@@ -86,6 +86,56 @@ pub struct Summary {
     pub mixture_drawn: bool,
 }
 
+impl Options {
+    /// Refuse a `per_group` outside 1 to [`MAX_PER_GROUP`] (a usage error
+    /// naming `--per-group`).
+    pub fn check(&self) -> Result<()> {
+        if !(1..=MAX_PER_GROUP).contains(&self.per_group) {
+            return Err(crate::Error::Usage(format!(
+                "--per-group must be between 1 and {MAX_PER_GROUP}, got {}",
+                self.per_group
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `ncclean report`: write the report of the run in `dir` to `out`
+/// (default: `dir/report.html`), warning first when the run's inputs
+/// changed since `fit` (the pictures are read back from them by row), and
+/// say what it holds on stderr.
+pub fn write_run(
+    dir: &Path,
+    out: Option<PathBuf>,
+    opts: &Options,
+    rep: &crate::runtime::progress::Reporter,
+) -> Result<Summary> {
+    let out = out.unwrap_or_else(|| dir.join("report.html"));
+    crate::runtime::temp::check_replaceable(&out, "--out")?;
+    if crate::run::inputs::recorded_inputs_changed(dir) == Some(true) {
+        crate::runtime::progress::warn_once(&format!(
+            "the files {}/run.json names as the training data changed since fit (their content \
+             differs from the input_fingerprint it records, or one is gone): the report's \
+             pictures are read from them by row and may not show the pairs that were scored",
+            dir.display()
+        ));
+    }
+    let s = write(dir, &out, opts)?;
+    rep.info(&format!(
+        "wrote {}: {} scored pairs, {} shown ({} without a picture){}",
+        out.display(),
+        s.scored,
+        s.shown,
+        s.pictures_missing,
+        if s.mixture_drawn {
+            ""
+        } else {
+            "; no fitted mixture to draw"
+        }
+    ));
+    Ok(s)
+}
+
 /// Read the run in `dir` and write its report to `out` atomically.
 pub fn write(dir: &Path, out: &Path, opts: &Options) -> Result<Summary> {
     let run = load(dir)?;

@@ -384,6 +384,116 @@ pub fn load_search(
     ))
 }
 
+/// What `ncclean cuda-libs` found: whether the driver loads, where the
+/// libraries are and whether they load.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The driver loaded, or why not.
+    pub driver: std::result::Result<(), String>,
+    /// The search for the libraries.
+    pub search: Search,
+    /// Where the libraries loaded from, or why they did not.
+    pub loaded: std::result::Result<Loaded, String>,
+}
+
+/// Search for the driver and the libraries here, and load them.
+pub fn report() -> Report {
+    use crate::runtime::device;
+    let driver = device::load_any(&device::DRIVER);
+    let search = search(&Inputs::current());
+    let loaded = load_search(&search, &device::dlopen);
+    Report {
+        driver,
+        search,
+        loaded,
+    }
+}
+
+/// What `cuda-libs --json` prints on stdout ([`Report::printed`]).
+#[derive(Debug, serde::Serialize)]
+pub struct ReportPrinted<'a> {
+    built_with_cuda: bool,
+    driver: Load,
+    libraries: Load,
+    looked: &'a [String],
+}
+
+/// Whether a library loaded, and from where or why not.
+#[derive(Debug, serde::Serialize)]
+struct Load {
+    loaded: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    from: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    files: Option<Vec<String>>,
+}
+
+impl Report {
+    /// The files of the complete place found, in load order.
+    fn files(&self) -> Vec<String> {
+        self.search
+            .found
+            .iter()
+            .flat_map(|f| f.files.iter().map(|p| p.display().to_string()))
+            .collect()
+    }
+
+    /// The report as `cuda-libs --json` prints it.
+    pub fn printed(&self) -> ReportPrinted<'_> {
+        let outcome = |r: std::result::Result<(), &String>| Load {
+            loaded: r.is_ok(),
+            error: r.err().cloned(),
+            from: None,
+            files: None,
+        };
+        ReportPrinted {
+            built_with_cuda: cfg!(feature = "cuda"),
+            driver: outcome(self.driver.as_ref().map(|_| ())),
+            libraries: match &self.loaded {
+                Ok(from) => Load {
+                    from: Some(from.clone()),
+                    files: Some(self.files()),
+                    ..outcome(Ok(()))
+                },
+                Err(e) => outcome(Err(e)),
+            },
+            looked: &self.search.looked,
+        }
+    }
+
+    /// The report as lines of text.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        out.push_str(&format!(
+            "build: {}\n",
+            if cfg!(feature = "cuda") {
+                "CUDA"
+            } else {
+                "CPU only (the search below is what a CUDA build would do)"
+            }
+        ));
+        out.push_str(&match &self.driver {
+            Ok(()) => "driver: loaded\n".to_string(),
+            Err(e) => format!("driver: {e}\n"),
+        });
+        match &self.loaded {
+            Ok(from) => {
+                out.push_str(&format!("libraries: loaded from {from}\n"));
+                for f in &self.files() {
+                    out.push_str(&format!("  {f}\n"));
+                }
+            }
+            Err(e) => out.push_str(&format!("libraries: {e}\n")),
+        }
+        for l in &self.search.looked {
+            out.push_str(&format!("passed over: {l}\n"));
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

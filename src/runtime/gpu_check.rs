@@ -48,6 +48,71 @@ pub struct CheckOptions {
     pub scratch: PathBuf,
 }
 
+/// `ncclean gpu-check`: measure `device` (described by `device_line`,
+/// `device: …`) with the MobileNetV2 weights at `mobilenet` (default:
+/// `../shared/models/mobilenet_v2/model.safetensors`) and the MiniLM
+/// directory `minilm` (default: `scripts/fetch_minilm.sh`'s cache), and
+/// write the document to `json` after each stage (whole documents only: a
+/// run stopped mid-write leaves the last stage's). A tower outside its
+/// tolerance is a partial result (exit 4).
+pub fn check_to_file(
+    device: crate::runtime::device::Selected,
+    quick: bool,
+    (mobilenet, minilm): (Option<PathBuf>, Option<PathBuf>),
+    json: &Path,
+    log: &dyn Fn(&str),
+) -> crate::Result<()> {
+    use crate::error::{invalid, Error};
+    let scratch = Scratch::new()?;
+    let opts = CheckOptions {
+        device_name: device
+            .line
+            .strip_prefix("device: ")
+            .unwrap_or(&device.line)
+            .to_string(),
+        device: device.device,
+        quick,
+        mobilenet: mobilenet.or_else(|| {
+            Some(Path::new("../shared/models/mobilenet_v2/model.safetensors").to_path_buf())
+        }),
+        minilm: minilm.or_else(ncclean_models::hf_dir::default_minilm_dir),
+        scratch: scratch.0.clone(),
+    };
+    let write = |doc: &Value| -> crate::Result<()> {
+        let text = serde_json::to_string_pretty(doc).map_err(anyhow::Error::from)?;
+        crate::data::write_atomic(json, (text + "\n").as_bytes())
+            .map_err(|e| invalid(format!("cannot write {}: {e}", json.display())))
+    };
+    let report = run(&opts, log, &write)?;
+    log(&format!("wrote {}", json.display()));
+    if report["parity_pass"] != Value::Bool(true) {
+        return Err(Error::Partial(format!(
+            "a tower is outside its tolerance; see \"parity\" in {}",
+            json.display()
+        )));
+    }
+    Ok(())
+}
+
+/// A directory under the system temp dir, removed when dropped (the
+/// synthetic CLIP written there is 600 MB at ViT-B/32 size).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> crate::Result<Scratch> {
+        let dir = std::env::temp_dir().join(format!("ncclean-gpu-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| crate::error::invalid(format!("cannot create {}: {e}", dir.display())))?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Sizes of one run.
 #[derive(Debug, Clone, Copy)]
 struct Sizes {

@@ -357,6 +357,19 @@ impl Drop for StageObserver {
     }
 }
 
+/// Write generated text (a completion script, a man page) to stdout. A
+/// reader that stops early (`| head`) is not an error.
+pub fn write_stdout(bytes: &[u8]) -> crate::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(crate::Error::Other(
+            anyhow::anyhow!("writing to stdout: {e}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

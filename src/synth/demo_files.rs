@@ -22,7 +22,7 @@ const ROW_GROUP: usize = 1024;
 /// Most files one demo may be split into.
 pub const MAX_SHARDS: usize = 100_000;
 
-/// What to write; the values are checked by the caller (`ncclean demo`).
+/// What to write; [`DemoFiles::check`] checks the values.
 #[derive(Debug, Clone)]
 pub struct DemoFiles {
     /// Output directory.
@@ -40,6 +40,49 @@ pub struct DemoFiles {
 }
 
 impl DemoFiles {
+    /// Refuse values the demo cannot write (usage errors naming `ncclean
+    /// demo`'s flags): an image side outside the drawable range, no pairs,
+    /// more shards than pairs or than [`MAX_SHARDS`], an embedding width
+    /// ncclean cannot read back, or shards of images.
+    pub fn check(&self) -> Result<()> {
+        use super::demo::{MAX_IMAGE_SIZE, MIN_IMAGE_SIZE};
+        use crate::error::Error;
+        if !(MIN_IMAGE_SIZE..=MAX_IMAGE_SIZE).contains(&self.image_size) {
+            return Err(Error::Usage(format!(
+                "--image-size must be between {MIN_IMAGE_SIZE} and {MAX_IMAGE_SIZE} pixels, got {}",
+                self.image_size
+            )));
+        }
+        if self.pairs == 0 {
+            return Err(Error::Usage("--pairs must be at least 1".into()));
+        }
+        if self.shards == 0 || self.shards > self.pairs {
+            return Err(Error::Usage(format!(
+                "--shards must be between 1 and --pairs ({}), got {}",
+                self.pairs, self.shards
+            )));
+        }
+        if self.shards > MAX_SHARDS {
+            return Err(Error::Usage(format!(
+                "--shards must be at most {MAX_SHARDS} (one file each), got {}",
+                self.shards
+            )));
+        }
+        let widest = crate::data::MAX_EMBEDDING_DIM;
+        if let Some(d) = self.embedding_dim.filter(|d| !(1..=widest).contains(d)) {
+            return Err(Error::Usage(format!(
+                "--embedding-dim must be between 1 and {widest} (the widest embedding \
+                 ncclean reads), got {d}"
+            )));
+        }
+        if self.embedding_dim.is_none() && self.shards > 1 {
+            return Err(Error::Usage(
+                "--shards needs --embedding-dim (image demo data is written as one file)".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Write the files into `out` (created if missing), calling `written`
     /// with each file's path once it is complete.
     pub fn write(&self, rep: &Reporter, written: &mut dyn FnMut(&Path)) -> Result<()> {

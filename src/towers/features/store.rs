@@ -34,6 +34,37 @@ impl CacheOptions {
     }
 }
 
+/// The feature cache as asked for (`--cache-dir`, `--no-cache`), resolved
+/// and checked when the work needs it.
+#[derive(Debug, Clone, Default)]
+pub struct CacheRequest {
+    /// The cache directory (`None`: [`CacheOptions::default_dir`]).
+    pub dir: Option<PathBuf>,
+    /// No cache at all.
+    pub no_cache: bool,
+}
+
+impl CacheRequest {
+    /// The cache asked for. A cache path that exists as something other
+    /// than a directory is refused (exit 2) before any work, instead of
+    /// failing once the first feature is stored.
+    pub fn resolve(&self) -> Result<CacheOptions> {
+        let dir = if self.no_cache {
+            None
+        } else {
+            self.dir.clone().or_else(CacheOptions::default_dir)
+        };
+        if let Some(d) = dir.as_deref().filter(|d| d.exists() && !d.is_dir()) {
+            return Err(crate::error::Error::Usage(format!(
+                "the feature cache {} exists and is not a directory; name a directory with \
+                 --cache-dir (it is created when missing), or pass --no-cache",
+                d.display()
+            )));
+        }
+        Ok(CacheOptions { dir })
+    }
+}
+
 /// The content key of `bytes` (an image file's bytes or a caption's text).
 pub(super) fn key_of(bytes: &[u8]) -> Key {
     let mut k = [0u8; 16];
