@@ -19,6 +19,9 @@ profile=${PROFILE:-release}
 shared=${NCCLEAN_SHARED:-../shared}
 out=target/flickr8k
 bash scripts/fetch_minilm.sh >/dev/null
+# The commit the binary is built from (the table is written at the end, when
+# HEAD may have moved on); "+dirty" when the tree had uncommitted changes.
+commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!*.md' || echo +dirty)
 if [ "$profile" = release ]; then
   cargo build --quiet --release --bin ncclean
   built=target/release/ncclean
@@ -102,7 +105,7 @@ for rate in "${rates[@]}"; do
   done
 done
 {
-  echo "## Headline ($(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD), $profile build)"
+  echo "## Headline ($(date -u +%Y-%m-%d), commit $commit, $profile build)"
   echo
   echo "Flickr8k, frozen MobileNetV2 (ImageNet) + all-MiniLM-L6-v2 features, trained matching head,"
   echo "noise injected into the 30,000 training pairs (NCR convention, seed 0). Detection: AUROC / AP of"
