@@ -72,6 +72,8 @@ pub mod config;
 pub mod division;
 pub mod error;
 pub mod frozen_rows;
+pub mod fused_head;
+pub mod host;
 pub mod losses;
 pub mod method;
 pub mod methods;

@@ -25,6 +25,7 @@ use ncclean_models::{ModelConfig, PairInputs};
 use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::Result;
+use crate::fused_head::HeadLoss;
 use crate::losses::per_sample_hinge;
 use crate::net::Net;
 use crate::pipeline::PairScores;
@@ -180,6 +181,16 @@ pub trait Method: Sized {
 
     /// Loss of one training batch (mean over the batch).
     fn batch_loss(&mut self, b: &Batch) -> Result<Tensor>;
+
+    /// This batch's loss ([`Method::warmup_loss`] when `warmup`, else
+    /// [`Method::batch_loss`]) as one the fused CPU step implements
+    /// ([`crate::fused_head`]), or None (the default) to train through
+    /// autograd on the tensor those return. A method that names one must
+    /// mean exactly its tensor's loss: the runner then trains a network
+    /// that can ([`crate::net::Net::fuses`]) with it, without calling them.
+    fn fused_loss(&self, _b: &Batch, _warmup: bool) -> Option<HeadLoss> {
+        None
+    }
 
     /// After network `k`'s batches of this epoch (label updates from the
     /// statistics collected during the pass).

@@ -124,6 +124,9 @@ pub struct Runner<M: Method> {
     /// Epochs trained so far.
     epochs_done: usize,
     method: M,
+    /// Whether networks train with the fused CPU step where it applies
+    /// ([`Net::set_fused`]).
+    fused: bool,
 }
 
 /// Share of the training pairs held out of training to calibrate the
@@ -243,7 +246,18 @@ impl<M: Method> Runner<M> {
             clean_model: None,
             epochs_done: 0,
             method,
+            fused: true,
         })
+    }
+
+    /// Train with the fused CPU step where it applies (`true`, the
+    /// default) or every step through candle's autograd (the reference
+    /// path), for every network now and re-initialised later.
+    pub fn set_fused(&mut self, on: bool) {
+        self.fused = on;
+        for net in &mut self.nets {
+            net.set_fused(on);
+        }
     }
 
     /// The method (its label state, for tests and reports).
@@ -274,6 +288,7 @@ impl<M: Method> Runner<M> {
                     self.cfg.lr,
                     self.cfg.grad_clip,
                 )?;
+                self.nets[k].set_fused(self.fused);
                 self.net_seeds[k] = s;
             }
         }
@@ -557,13 +572,27 @@ impl<M: Method> Pipeline for Runner<M> {
                     idx,
                     cfg: &self.cfg,
                 };
-                let l = if warmup {
-                    self.method.warmup_loss(&b)?
+                let fused = if self.nets[k].fuses(data) {
+                    self.method.fused_loss(&b, warmup)
                 } else {
-                    self.method.batch_loss(&b)?
+                    None
                 };
-                self.nets[k].step(&l)?;
-                losses.push(l.detach());
+                let l = match fused {
+                    Some(loss) => {
+                        let value = self.nets[k].fused_step(data, idx, &loss)?;
+                        Tensor::new(value, &Device::Cpu)?
+                    }
+                    None => {
+                        let l = if warmup {
+                            self.method.warmup_loss(&b)?
+                        } else {
+                            self.method.batch_loss(&b)?
+                        };
+                        self.nets[k].step(&l)?;
+                        l.detach()
+                    }
+                };
+                losses.push(l);
                 obs.advance(1);
                 if obs.cancelled() {
                     return Err(Error::Interrupted);
@@ -856,6 +885,44 @@ mod tests {
         }
         let over = crate::config::parse_sets(&sets).expect("sets parse");
         crate::presets::resolve(method, None, &over).expect("config resolves")
+    }
+
+    /// A whole vanilla fit (warm-up, divisions, training, the final
+    /// model) with the fused CPU step equals the same fit through autograd
+    /// bit for bit: every epoch's loss and every pair's scores. Batches of
+    /// 32 with a last one of 16, then of the clean pairs (other sizes).
+    #[test]
+    fn a_fused_vanilla_fit_equals_the_autograd_fit() -> Result<()> {
+        let model = crate::test_support::precomputed_model(6, 8, 16);
+        let mut rng = Rng::new(17);
+        let n = 160;
+        let img: Vec<f32> = (0..n * 6).map(|_| rng.normal() as f32).collect();
+        let mut txt: Vec<f32> = img.iter().map(|x| x + 0.3 * rng.normal() as f32).collect();
+        txt[n * 3 / 4 * 6..].rotate_left(6);
+        let data = crate::test_support::embedding_pairs(img, txt, 6);
+        let mut cfg = config("vanilla");
+        cfg.batch_size = 32;
+        let fit = |fused: bool| -> Result<(Vec<f64>, PairScores)> {
+            let mut p = Runner::<crate::methods::vanilla::Vanilla>::new(
+                cfg.clone(),
+                &model,
+                5,
+                &Device::Cpu,
+            )?;
+            p.set_fused(fused);
+            assert_eq!(p.networks()[0].fuses(&data), fused);
+            let mut losses = Vec::new();
+            for e in 0..p.total_epochs() {
+                losses.push(p.run_epoch(e, &data, &mut Silent)?.loss);
+            }
+            p.finalize(&data, &[data.len()], &mut Silent)?;
+            Ok((losses, p.score(&data, &[data.len()], false, &mut Silent)?))
+        };
+        let (fused_losses, fused) = fit(true)?;
+        let (losses, reference) = fit(false)?;
+        assert_eq!(fused_losses, losses);
+        assert_eq!(fused, reference);
+        Ok(())
     }
 
     #[test]

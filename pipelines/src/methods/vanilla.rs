@@ -49,6 +49,7 @@ use ncclean_models::ModelConfig;
 use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::Result;
+use crate::fused_head::HeadLoss;
 use crate::losses::ncr_soft_margin_hinge;
 use crate::method::{Batch, EpochCtx, Method, PairArray, Plan, ScoreCtx};
 use crate::pipeline::PairScores;
@@ -86,6 +87,22 @@ impl Method for Vanilla {
         let y: Vec<f32> = b.idx.iter().map(|&i| self.labels[i]).collect();
         let y = Tensor::from_vec(y, b.idx.len(), b.net.device())?;
         Ok(ncr_soft_margin_hinge(&s, &y, b.cfg.margin, b.cfg.soft_margin_m)?.mean_all()?)
+    }
+
+    /// Both losses are ones the fused CPU step implements: the default
+    /// warm-up (the mean per-sample hinge) and [`Vanilla::batch_loss`].
+    fn fused_loss(&self, b: &Batch, warmup: bool) -> Option<HeadLoss> {
+        Some(if warmup {
+            HeadLoss::PerSampleHinge {
+                margin: b.cfg.margin,
+            }
+        } else {
+            HeadLoss::NcrSoftMarginHinge {
+                labels: b.idx.iter().map(|&i| self.labels[i]).collect(),
+                alpha: b.cfg.margin,
+                m: b.cfg.soft_margin_m,
+            }
+        })
     }
 
     fn clean_side(&self) -> CleanSide {
