@@ -38,13 +38,13 @@ use rayon::prelude::*;
 /// the check), else the baseline x86-64 build. Plain loops then vectorise
 /// 8 wide instead of 4 without a `target-cpu` flag on the whole crate.
 macro_rules! multiversion {
-    ($(#[$m:meta])* fn $name:ident($($arg:ident: $ty:ty),*) => $imp:ident) => {
+    ($(#[$m:meta])* fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $imp:ident) => {
         $(#[$m])*
-        fn $name($($arg: $ty),*) {
+        fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2,fma")]
-                fn wide($($arg: $ty),*) {
+                fn wide($($arg: $ty),*) $(-> $ret)? {
                     $imp($($arg),*)
                 }
                 if std::arch::is_x86_feature_detected!("avx2")
@@ -58,6 +58,7 @@ macro_rules! multiversion {
         }
     };
 }
+pub(crate) use multiversion;
 
 /// Weights of one encoder layer, as Hugging Face stores them (`[out, in]`
 /// row-major linear weights).

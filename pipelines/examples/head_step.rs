@@ -7,7 +7,7 @@
 //! - `autograd`: the loss tensor, `loss.backward()`, the clip and Adam as
 //!   tensor ops (`Net::step`, the path before the fused step);
 //! - `fused`: the fused CPU step (`Net::fused_step`);
-//! - the eleven matrix products of the fused step alone (`host::matmul`,
+//! - the matrix products of the fused step alone (`host::matmul`,
 //!   same shapes, on the pool's threads as there), the floor of `fused`,
 //!   and the same on one thread (what the second core adds).
 //!
@@ -42,23 +42,17 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The eleven products of one fused step, on buffers of its shapes.
+/// The products of one fused step, on buffers of its shapes.
 fn products(threads: usize, bufs: &mut [Vec<f32>; 4]) {
     let [x, w, out, small] = bufs;
     for d in [DI, DT] {
         let xv = View::rows(&x[..BATCH * d], BATCH, d);
-        // forward: X·W1ᵀ, X·Wlᵀ, H·W2ᵀ
+        // forward: X·[W1; Wl]ᵀ (the step stacks them at these widths), H·W2ᵀ
+        let stacked = HIDDEN + JOINT;
         matmul(
-            &mut out[..BATCH * HIDDEN],
+            &mut out[..BATCH * stacked],
             xv,
-            View::rows(&w[..HIDDEN * d], HIDDEN, d).t(),
-            true,
-            threads,
-        );
-        matmul(
-            &mut out[..BATCH * JOINT],
-            xv,
-            View::rows(&w[..JOINT * d], JOINT, d).t(),
+            View::rows(&w[..stacked * d], stacked, d).t(),
             true,
             threads,
         );

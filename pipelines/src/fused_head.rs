@@ -2,12 +2,12 @@
 //! as a few matrix products and fused loops instead of candle's autograd
 //! (issue #35: `vanilla` at least as fast as a numpy peer).
 //!
-//! Through candle a step of `vanilla` on a batch of 128 is about 150 tensor
-//! ops forward, backward, in the gradient clip and in Adam, each
-//! allocating its result, most of them on `[128, 256]` or smaller: 12.2 ms
-//! a step, of which the products are 4 ms (`pipelines/examples/head_step.rs`).
-//! The head is small enough to write its gradients out by hand. Per tower
-//! (input `X`, frozen: no gradient):
+//! Through candle a step of `vanilla` on a batch of 128 is a few hundred
+//! tensor ops (forward, backward, the gradient clip, Adam), each allocating
+//! its result, most of them on `[128, 256]` or smaller: 12–14 ms a step on
+//! the 2-core machine, of which the matrix products are 3–4 ms
+//! (`pipelines/examples/head_step.rs`). The head is small enough to write
+//! its gradients out by hand. Per tower (input `X`, frozen: no gradient):
 //!
 //! ```text
 //! A = X·W1ᵀ + b1     H = relu(A)     Z = (X·Wlᵀ + bl) + (H·W2ᵀ + b2)     V = Z / √(|Z|² + 1e-12)
@@ -16,11 +16,14 @@
 //! and `S = Vi·Vtᵀ`. Backward from `G = ∂L/∂S` (the loss below): `∂Vi = G·Vt`,
 //! `∂Vt = Gᵀ·Vi`; through the normalisation per row; `∂Wl = ∂Zᵀ·X`,
 //! `∂bl = ∂b2 = Σ_rows ∂Z`, `∂W2 = ∂Zᵀ·H`, `∂A = (∂Z·W2) ⊙ [A ≥ 0]`,
-//! `∂W1 = ∂Aᵀ·X`, `∂b1 = Σ_rows ∂A`. That is eleven `gemm` products (the
-//! kernel candle's matmul calls, with the shapes, strides and threads of
-//! candle's own calls) and loops over `[128, ≤256]` buffers allocated once.
-//! Then the gradient norm, the clip and Adam in one pass per parameter, in
-//! place ([`crate::adam::Adam::step_host`]).
+//! `∂W1 = ∂Aᵀ·X`, `∂b1 = Σ_rows ∂A`. That is 15 `gemm` products a step
+//! (the kernel candle's matmul calls, with the strides and threads of
+//! candle's own calls; `X·W1ᵀ` and `X·Wlᵀ` as one product where that keeps
+//! the bits, [`stacks_first_layer`]) and loops over `[128, ≤384]` buffers
+//! allocated once. Then the gradient norm, the clip and Adam in one pass
+//! per parameter, in place ([`crate::adam::Adam::step_host`]). The step
+//! runs on rayon's pool, whose threads run the products
+//! ([`crate::net::Net::fused_step`]).
 //!
 //! **Bit for bit what autograd computes.** Every loop repeats, element for
 //! element, the f32 operations candle's forward and backward ops perform
@@ -34,10 +37,11 @@
 //! result candle transposes (`Xᵀ·∂Z` for `∂Wlᵀ`) is computed here as the
 //! transposed product (`∂Zᵀ·X`): each element is the same sequence of fused
 //! multiply-adds over the batch ([`crate::host::matmul_as_transposed`]
-//! takes candle's route where gemm's special paths might not be). Tests compare every gradient, loss and
-//! weight with autograd's bit for bit, and `fit` gives identical labels
-//! with either path. So this is a faster route to the same numbers, not
-//! another rounding of them.
+//! takes candle's route where gemm's special paths might not be). Tests
+//! compare every gradient, loss and weight with autograd's bit for bit
+//! (a zero's sign aside, which no weight sees), and `fit` gives identical
+//! labels with either path. So this is a faster route to the same numbers,
+//! not another rounding of them.
 //!
 //! The losses are those of [`crate::losses`], with their gradient as
 //! candle's backward pass defines it where it has a choice: a hinge at
@@ -105,6 +109,11 @@ struct TowerBuffers {
     dim: usize,
     /// `[B, dim]` inputs (unit rows when the head normalises its inputs).
     x: Vec<f32>,
+    /// `[hidden + joint, dim]` `fc1.weight` over `linear.weight`, and
+    /// `[B, hidden + joint]` the input times its transpose (see
+    /// [`stacks_first_layer`]).
+    stacked_w: Vec<f32>,
+    stacked: Vec<f32>,
     /// `[B, hidden]` pre-activation `A`, and `relu(A)`.
     a: Vec<f32>,
     h: Vec<f32>,
@@ -403,6 +412,19 @@ fn add_rows(dst: &mut [f32], bias: &[f32]) {
     }
 }
 
+/// Whether `n` rows' `X·W1ᵀ` (`hidden` columns) and `X·Wlᵀ` (`joint`) over
+/// `d` inputs may run as one product of `hidden + joint` columns with the
+/// same bits as candle's two. gemm sums each element over `d` in order in
+/// blocks whose size depends on `d` alone, except in two special paths
+/// that depend on the shape: outputs of at most 256 elements (a kernel of
+/// horizontal dot products) and, for `d > 512`, outputs of at most 64 × 64
+/// (blocks of 512). The products are stacked only where neither of
+/// candle's products nor the stacked one takes either.
+fn stacks_first_layer(n: usize, d: usize, hidden: usize, joint: usize) -> bool {
+    let narrow = hidden.min(joint);
+    n * narrow > 256 && (d <= 512 || n > 64 || narrow > 64)
+}
+
 /// `A`, `H`, `Z`, the row lengths and `V` of a tower for `n` rows; `w` is
 /// the tower's parameters in `P_*` order. Op for op `Projection::forward`
 /// and `l2_normalize`.
@@ -417,13 +439,49 @@ fn tower_forward(
     let d = t.dim;
     let x = View::rows(&t.x, n, d);
     t.a.resize(n * hidden, 0.0);
-    matmul(
-        &mut t.a,
-        x,
-        View::rows(w[P_W1], hidden, d).t(),
-        false,
-        threads,
-    );
+    t.z.resize(n * joint, 0.0);
+    if stacks_first_layer(n, d, hidden, joint) {
+        // X·W1ᵀ and X·Wlᵀ as one product X·[W1; Wl]ᵀ, the two weights
+        // copied under each other: on two threads that ran in 0.74 instead
+        // of 1.05 ms for the image tower (gemm splits 384 columns better
+        // than 256 and 128), the copy costs a tenth of that. Each element
+        // is the same sum as in its own product (see stacks_first_layer).
+        t.stacked_w.clear();
+        t.stacked_w.extend_from_slice(w[P_W1]);
+        t.stacked_w.extend_from_slice(w[P_WL]);
+        t.stacked.resize(n * (hidden + joint), 0.0);
+        matmul(
+            &mut t.stacked,
+            x,
+            View::rows(&t.stacked_w, hidden + joint, d).t(),
+            false,
+            threads,
+        );
+        for ((row, a), z) in t
+            .stacked
+            .chunks_exact(hidden + joint)
+            .zip(t.a.chunks_exact_mut(hidden))
+            .zip(t.z.chunks_exact_mut(joint))
+        {
+            a.copy_from_slice(&row[..hidden]);
+            z.copy_from_slice(&row[hidden..]);
+        }
+    } else {
+        matmul(
+            &mut t.a,
+            x,
+            View::rows(w[P_W1], hidden, d).t(),
+            false,
+            threads,
+        );
+        matmul(
+            &mut t.z,
+            x,
+            View::rows(w[P_WL], joint, d).t(),
+            false,
+            threads,
+        );
+    }
     add_rows(&mut t.a, w[P_B1]);
     t.h.clear();
     t.h.extend(t.a.iter().map(|&a| a.max(0.0)));
@@ -436,14 +494,6 @@ fn tower_forward(
         threads,
     );
     add_rows(&mut t.mlp, w[P_B2]);
-    t.z.resize(n * joint, 0.0);
-    matmul(
-        &mut t.z,
-        x,
-        View::rows(w[P_WL], joint, d).t(),
-        false,
-        threads,
-    );
     add_rows(&mut t.z, w[P_BL]);
     for (z, m) in t.z.iter_mut().zip(&t.mlp) {
         *z += m;
@@ -905,6 +955,24 @@ mod tests {
             vec![8, 1],
         ];
         gradients_equal_autograd(SMALL, 70, &batches)
+    }
+
+    /// Inputs wider than 512 with a narrow head: a batch of 100 takes the
+    /// stacked first-layer product, one of 40 candle's two (its 40 × 32
+    /// product sums the 600 inputs in blocks of 512); with inputs of 24
+    /// both take the stacked one.
+    #[test]
+    fn gradients_equal_autograd_bit_for_bit_with_the_first_layer_stacked_or_not() -> Result<()> {
+        let dims = Dims {
+            di: 600,
+            dt: 24,
+            hidden: 48,
+            joint: 32,
+        };
+        assert!(stacks_first_layer(100, 600, 48, 32) && !stacks_first_layer(40, 600, 48, 32));
+        assert!(stacks_first_layer(40, 24, 48, 32) && !stacks_first_layer(5, 24, 48, 32));
+        let batches = [(0..100).collect(), (0..40).map(|i| (i * 3) % 120).collect()];
+        gradients_equal_autograd(dims, 120, &batches)
     }
 
     #[test]
