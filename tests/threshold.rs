@@ -363,6 +363,46 @@ fn fit_warns_on_noise_free_data_and_on_data_without_signal() {
     assert_eq!(s["warnings"].as_array().unwrap().len(), 1, "{s}");
 }
 
+/// A fit on too few pairs to hold any out for calibration says that its
+/// noise estimate and clean_prob's values are rough, on stderr and in
+/// stats.json; one on enough pairs holds pairs out and says nothing.
+#[test]
+fn a_fit_too_small_to_hold_out_calibration_pairs_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (pairs, warned) in [(300, true), (600, false)] {
+        let raw = tmp.path().join(format!("raw-{pairs}"));
+        let n = pairs.to_string();
+        let args = [
+            "demo",
+            "--out",
+            p(&raw),
+            "--pairs",
+            &n,
+            "--embedding-dim",
+            "32",
+        ];
+        ok(&args);
+        let noisy = tmp.path().join(format!("noisy-{pairs}.parquet"));
+        let clean = raw.join("demo.parquet");
+        ok(&[
+            "corrupt",
+            p(&clean),
+            "--rate",
+            "0.3",
+            "--seed",
+            "1",
+            "--out",
+            p(&noisy),
+        ]);
+        let run = tmp.path().join(format!("run-{pairs}"));
+        let err = fit(&noisy, &run, &["--epochs", "4"]);
+        let said = format!("warning: few pairs to calibrate on: {pairs} pairs are too few");
+        assert_eq!(err.contains(&said), warned, "{err}");
+        let kept = stats(&run)["warnings"].to_string();
+        assert_eq!(kept.contains("few pairs to calibrate on"), warned, "{kept}");
+    }
+}
+
 /// A model collapsed by a learning rate far too high scores every pair
 /// alike (every similarity 0.0, every clean_prob 1.0): `fit` makes no run
 /// of it, and `score` refuses a run whose stats.json records no signal (as

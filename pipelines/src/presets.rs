@@ -15,22 +15,43 @@ pub fn head_for(method: &str, cfg: &TrainConfig) -> LocalOptions {
     LocalOptions::for_pooling(cfg.head, needs_local).with_unit_inputs(cfg.unit_inputs)
 }
 
-/// Resolve a configuration: the method's preset, then `user` TOML (a partial
-/// table), then `overrides` (also a partial table, from flags).
+/// Whether a run's towers train with the matching head or are frozen: the
+/// one fact about the run, besides the method, that picks the schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Towers {
+    /// Towers trained from scratch with the head (the demo's toy towers):
+    /// the paper's schedule, the preset's top level.
+    #[default]
+    Trained,
+    /// Frozen pretrained or precomputed features, only the head trains: the
+    /// preset's `[frozen]` table over its top level. A head on fixed
+    /// features memorises noisy pairs within a few epochs, so the papers'
+    /// 40–60 epochs (written for towers that train) cost ten times the time
+    /// and rank real pairs worse (BENCHMARKS.md).
+    Frozen,
+}
+
+/// Resolve a configuration for trained towers: the method's preset, then
+/// `user` TOML (a partial table), then `overrides` (also a partial table,
+/// from flags). [`resolve_with_notes`] takes the towers.
 pub fn resolve(
     method: &str,
     user: Option<&str>,
     overrides: &toml::Table,
 ) -> Result<TrainConfig, String> {
-    resolve_with_notes(method, user, overrides).map(|(cfg, _)| cfg)
+    resolve_with_notes(method, Towers::Trained, user, overrides).map(|(cfg, _)| cfg)
 }
 
-/// [`resolve`], with a note for each value it derived rather than took:
-/// a preset's warm-up longer than the `epochs` the user asked for (and no
-/// warm-up given) is shortened to the same share of the run, where it used
-/// to be refused (`--method esc --epochs 5` against ESC's 10 warm-up epochs).
+/// The configuration of `method` on `towers`: its preset (with its
+/// `[frozen]` table on frozen towers), then `user`, then `overrides`; with a
+/// note for each value it derived rather than took: the frozen-tower
+/// schedule, and a preset's warm-up longer than the `epochs` the user asked
+/// for (and no warm-up given) shortened to the same share of the run, where
+/// it used to be refused (`--method esc --epochs 5` against ESC's 10
+/// warm-up epochs).
 pub fn resolve_with_notes(
     method: &str,
+    towers: Towers,
     user: Option<&str>,
     overrides: &toml::Table,
 ) -> Result<(TrainConfig, Vec<String>), String> {
@@ -38,6 +59,34 @@ pub fn resolve_with_notes(
     let mut table: toml::Table = preset
         .parse()
         .map_err(|e| format!("built-in preset for {method} is invalid: {e}"))?;
+    let mut notes = Vec::new();
+    let frozen = match table.remove("frozen") {
+        Some(toml::Value::Table(t)) => Some(t),
+        Some(_) => {
+            return Err(format!(
+                "built-in preset for {method}: [frozen] is not a table"
+            ))
+        }
+        None => None,
+    };
+    if let (Towers::Frozen, Some(frozen)) = (towers, frozen) {
+        let value = |t: &toml::Table, k: &str| t.get(k).map(ToString::to_string);
+        let schedule = |t: &toml::Table| {
+            format!(
+                "{} epochs, lr {}",
+                value(t, "epochs").unwrap_or_default(),
+                value(t, "lr").unwrap_or_default()
+            )
+        };
+        let paper = schedule(&table);
+        merge(&mut table, &frozen);
+        notes.push(format!(
+            "schedule: the towers are frozen, so {method} trains its head on the preset's \
+             frozen-feature schedule ({}) rather than the paper's ({paper}), which memorises \
+             noisy pairs on fixed features; --epochs, --lr or --config set it",
+            schedule(&table)
+        ));
+    }
     let preset_schedule = (
         table.get("warmup_epochs").and_then(toml::Value::as_integer),
         table.get("epochs").and_then(toml::Value::as_integer),
@@ -63,7 +112,6 @@ pub fn resolve_with_notes(
     let mut cfg: TrainConfig = toml::Value::Table(table)
         .try_into()
         .map_err(|e: toml::de::Error| format!("invalid configuration: {e}"))?;
-    let mut notes = Vec::new();
     if let (false, (Some(w), Some(e))) = (warmup_given, preset_schedule) {
         let (w, e) = (w.max(0) as usize, e.max(1) as usize);
         if w > cfg.epochs {
@@ -139,7 +187,7 @@ mod tests {
     fn a_preset_warmup_longer_than_the_run_keeps_its_share() {
         let epochs = |n: i64| toml::Table::from_iter([("epochs".to_string(), n.into())]);
         // ESC's preset warms up 10 of 50 epochs: a 5-epoch run warms up 1.
-        let (c, notes) = resolve_with_notes("esc", None, &epochs(5)).unwrap();
+        let (c, notes) = resolve_with_notes("esc", Towers::Trained, None, &epochs(5)).unwrap();
         assert_eq!((c.epochs, c.warmup_epochs), (5, 1));
         assert_eq!(
             notes,
@@ -158,7 +206,7 @@ mod tests {
             1
         );
         // A run at least as long as the preset's warm-up keeps it as it is.
-        let (c, notes) = resolve_with_notes("vanilla", None, &epochs(3)).unwrap();
+        let (c, notes) = resolve_with_notes("vanilla", Towers::Trained, None, &epochs(3)).unwrap();
         assert_eq!((c.warmup_epochs, notes.len()), (3, 0));
         // A warm-up the user gave (flag or file) is never changed: too long,
         // it is refused by validate as before.
@@ -172,6 +220,72 @@ mod tests {
         assert_eq!(shortened_warmup(10, 50, 30), 6);
         assert_eq!(shortened_warmup(5, 40, 4), 1);
         assert_eq!(shortened_warmup(9, 10, 8), 7);
+    }
+
+    #[test]
+    fn frozen_towers_take_the_presets_short_schedule_and_flags_still_win() {
+        let none = toml::Table::new();
+        let frozen = |m: &str, over: &toml::Table| {
+            resolve_with_notes(m, Towers::Frozen, None, over).unwrap()
+        };
+        // Trained towers keep the paper's schedule, frozen ones the short one.
+        let paper = resolve("gsc", None, &none).unwrap();
+        let (short, notes) = frozen("gsc", &none);
+        assert_eq!((paper.epochs, paper.lr), (60, 2e-4));
+        assert_eq!((short.epochs, short.lr), (5, 1e-3));
+        assert!(short.lr_decay_epochs.is_empty());
+        assert_eq!(short.batch_size, paper.batch_size);
+        assert_eq!(
+            notes,
+            [
+                "schedule: the towers are frozen, so gsc trains its head on the preset's \
+              frozen-feature schedule (5 epochs, lr 0.001) rather than the paper's \
+              (60 epochs, lr 0.0002), which memorises noisy pairs on fixed features; \
+              --epochs, --lr or --config set it"
+            ]
+        );
+        // A flag or a file overrides the frozen schedule key by key.
+        let over = toml::Table::from_iter([("epochs".to_string(), 9.into())]);
+        let (c, _) = frozen("gsc", &over);
+        assert_eq!((c.epochs, c.lr), (9, 1e-3));
+        let (c, _) = resolve_with_notes(
+            "crcl",
+            Towers::Frozen,
+            Some("[params]\nfreeze_epochs = 2\n"),
+            &none,
+        )
+        .unwrap();
+        let (base, _) = frozen("crcl", &none);
+        assert_eq!(c.epochs, base.epochs);
+        assert_eq!(c.params["freeze_epochs"].as_integer(), Some(2));
+        assert_ne!(c.params, base.params);
+        // Every method's frozen schedule is a valid configuration.
+        for m in registry::METHODS {
+            let (c, notes) = frozen(m.name, &none);
+            registry::validate(m.name, &c).unwrap();
+            assert_eq!(notes.len(), 1, "{}", m.name);
+        }
+    }
+
+    #[test]
+    fn the_benchmark_config_is_the_frozen_schedule() {
+        // examples/configs/flickr8k.toml predates the frozen schedules and
+        // holds the same values: on frozen towers "as shipped" and "with the
+        // config" are the same run (BENCHMARKS.md's rows of both).
+        let file = include_str!("../../examples/configs/flickr8k.toml");
+        let none = toml::Table::new();
+        for m in registry::METHODS {
+            let (shipped, _) = resolve_with_notes(m.name, Towers::Frozen, None, &none).unwrap();
+            let (config, _) =
+                resolve_with_notes(m.name, Towers::Frozen, Some(file), &none).unwrap();
+            assert_eq!(shipped, config, "{}", m.name);
+            assert_eq!(
+                shipped,
+                resolve(m.name, Some(file), &none).unwrap(),
+                "{}",
+                m.name
+            );
+        }
     }
 
     #[test]

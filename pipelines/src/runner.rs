@@ -148,6 +148,22 @@ pub const MAX_CALIBRATION_PAIRS: usize = 5_000;
 /// the training pairs themselves.
 pub const MIN_CALIBRATION_PAIRS: usize = 100;
 
+/// How many of `n` training pairs are held out for calibration (at least:
+/// whole images are drawn until as many are held out); 0 where too few
+/// would be ([`MIN_CALIBRATION_PAIRS`]) and the clean model is calibrated
+/// on the training pairs themselves.
+pub fn calibration_size(n: usize) -> usize {
+    let share = |f: f64| (n as f64 * f).round() as usize;
+    let k = share(CALIBRATION_SHARE)
+        .max(share(MAX_SMALL_SHARE).min(TARGET_CALIBRATION_PAIRS))
+        .min(MAX_CALIBRATION_PAIRS);
+    if k < MIN_CALIBRATION_PAIRS {
+        0
+    } else {
+        k
+    }
+}
+
 /// The pairs held out of training for calibration (sorted), drawn with
 /// `rng`: every pair of whole images, `image_of[i]` being pair i's
 /// distinct image, images drawn until a [`CALIBRATION_SHARE`] of the pairs
@@ -165,11 +181,8 @@ pub fn calibration_pairs(image_of: &[u32], cfg: &TrainConfig, rng: &mut Rng) -> 
     if cfg.clean_prob != CleanProbSource::Reference {
         return Vec::new();
     }
-    let share = |f: f64| (n as f64 * f).round() as usize;
-    let k = share(CALIBRATION_SHARE)
-        .max(share(MAX_SMALL_SHARE).min(TARGET_CALIBRATION_PAIRS))
-        .min(MAX_CALIBRATION_PAIRS);
-    if k < MIN_CALIBRATION_PAIRS {
+    let k = calibration_size(n);
+    if k == 0 {
         return Vec::new();
     }
     let images = image_of.iter().map(|&g| g as usize + 1).max().unwrap_or(0);

@@ -113,19 +113,17 @@ fn method_names() -> clap::builder::PossibleValuesParser {
 pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     let rule = a.threshold.rule()?;
     let chosen = crate::runtime::device::choose(&a.device)?;
-    let config = configure::resolve(
-        &ConfigFlags {
-            method: a.method.clone(),
-            config: a.config.clone(),
-            sets: a.sets.clone(),
-            epochs: a.epochs,
-            warmup_epochs: a.warmup_epochs,
-            batch_size: a.batch_size,
-            lr: a.lr,
-            head: a.head.clone(),
-        },
-        rep,
-    )?;
+    let config_flags = ConfigFlags {
+        method: a.method.clone(),
+        config: a.config.clone(),
+        sets: a.sets.clone(),
+        epochs: a.epochs,
+        warmup_epochs: a.warmup_epochs,
+        batch_size: a.batch_size,
+        lr: a.lr,
+        head: a.head.clone(),
+    };
+    configure::check(&config_flags)?;
     if a.sample.is_some_and(|n| n < 2) {
         return Err(Error::Usage(
             "--sample must be at least 2 (the number of rows to train on)".into(),
@@ -148,6 +146,7 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
         },
         rep,
     )?;
+    let config = configure::resolve(&config_flags, encoders.towers(), rep)?;
     let opts = FitOptions {
         encoders,
         cache: a.cache.options()?,

@@ -1,9 +1,11 @@
-//! The method's configuration for `fit`: its preset, then a `--config`
-//! file, then the flags and `--set` overrides on top, checked before any
-//! input is read.
+//! The method's configuration for `fit`: its preset (on frozen towers,
+//! with its short schedule for a head on fixed features), then a
+//! `--config` file, then the flags and `--set` overrides on top; the flags
+//! are checked before any input is read.
 
 use std::path::PathBuf;
 
+use ncclean_pipelines::presets::Towers;
 use ncclean_pipelines::TrainConfig;
 
 use crate::error::{invalid, Error, Result};
@@ -57,10 +59,27 @@ fn overrides(f: &ConfigFlags) -> Result<toml::Table> {
     Ok(t)
 }
 
-/// The configuration `flags` resolve to, every key's range and the
+/// Check `flags` before any input is read (exit 2 or 3 naming the key, the
+/// value and the allowed range): the configuration they give on towers that
+/// train. [`resolve`] gives the run's own once its towers are chosen.
+pub fn check(flags: &ConfigFlags) -> Result<()> {
+    resolve_on(flags, Towers::Trained).map(|_| ())
+}
+
+/// The configuration `flags` resolve to on `towers` (the preset's frozen
+/// schedule where the towers are frozen), every key's range and the
 /// method's own parameters checked (exit 2 naming the key, the value and
 /// the allowed range); the resolution's notes are said on stderr.
-pub fn resolve(flags: &ConfigFlags, rep: &Reporter) -> Result<TrainConfig> {
+pub fn resolve(flags: &ConfigFlags, towers: Towers, rep: &Reporter) -> Result<TrainConfig> {
+    let (config, notes) = resolve_on(flags, towers)?;
+    for note in &notes {
+        rep.info(note);
+    }
+    Ok(config)
+}
+
+/// [`resolve`] without saying its notes.
+fn resolve_on(flags: &ConfigFlags, towers: Towers) -> Result<(TrainConfig, Vec<String>)> {
     let user = match &flags.config {
         Some(p) => Some(crate::runtime::small_file::read_text(
             p,
@@ -71,6 +90,7 @@ pub fn resolve(flags: &ConfigFlags, rep: &Reporter) -> Result<TrainConfig> {
     };
     let (config, notes) = ncclean_pipelines::presets::resolve_with_notes(
         &flags.method,
+        towers,
         user.as_deref(),
         &overrides(flags)?,
     )
@@ -79,10 +99,7 @@ pub fn resolve(flags: &ConfigFlags, rep: &Reporter) -> Result<TrainConfig> {
         None => Error::Usage(e),
     })?;
     ncclean_pipelines::registry::validate(&flags.method, &config)?;
-    for note in &notes {
-        rep.info(note);
-    }
-    Ok(config)
+    Ok((config, notes))
 }
 
 #[cfg(test)]

@@ -226,6 +226,18 @@ impl EncoderSpec {
         })
     }
 
+    /// Whether the towers train with the head (a toy tower is in the run)
+    /// or are all frozen (pretrained or precomputed features): it picks the
+    /// method's schedule ([`ncclean_pipelines::presets::Towers`]).
+    pub fn towers(&self) -> ncclean_pipelines::presets::Towers {
+        use ncclean_pipelines::presets::Towers;
+        if self.image == ImageEncoder::DemoCnn || self.text == TextEncoder::DemoBow {
+            Towers::Trained
+        } else {
+            Towers::Frozen
+        }
+    }
+
     /// True when a frozen pretrained tower is involved (features are cached).
     pub fn uses_towers(&self) -> bool {
         matches!(self.image, ImageEncoder::MobilenetV2 | ImageEncoder::Clip)
