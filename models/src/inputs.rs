@@ -296,7 +296,6 @@ multiversion! {
 #[inline(always)]
 fn row_hash_impl(row: &[f32]) -> u64 {
     const PRIME32: u32 = 0x0100_0193;
-    const PRIME64: u64 = 0x0000_0100_0000_01B3;
     let mut lanes = [0x811C_9DC5u32; 32];
     let chunks = row.chunks_exact(32);
     let tail = chunks.remainder();
@@ -308,11 +307,9 @@ fn row_hash_impl(row: &[f32]) -> u64 {
     for (h, x) in lanes.iter_mut().zip(tail) {
         *h = (*h ^ x.to_bits()).wrapping_mul(PRIME32);
     }
-    lanes
-        .iter()
-        .fold(0xCBF2_9CE4_8422_2325u64 ^ row.len() as u64, |acc, &l| {
-            (acc ^ u64::from(l)).wrapping_mul(PRIME64)
-        })
+    let mut h = crate::hash::Fnv(crate::hash::OFFSET ^ row.len() as u64);
+    lanes.iter().for_each(|&l| h.word(l));
+    h.finish()
 }
 
 multiversion! {

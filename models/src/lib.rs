@@ -10,6 +10,7 @@ pub mod clip_tower;
 mod depthwise_cuda;
 pub mod frozen_matmul;
 pub mod gpo;
+pub mod hash;
 pub mod hf_dir;
 pub mod inputs;
 pub mod layers;

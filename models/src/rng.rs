@@ -14,10 +14,7 @@ pub struct Rng {
 
 fn splitmix64(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    crate::hash::mix64(*state)
 }
 
 impl Rng {
@@ -36,12 +33,9 @@ impl Rng {
     /// An independent stream derived from this seed and a label, so that
     /// adding a new consumer of randomness does not shift existing streams.
     pub fn derive(seed: u64, label: &str) -> Self {
-        let mut h: u64 = 0xCBF2_9CE4_8422_2325;
-        for b in label.bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01B3);
-        }
-        Rng::new(seed ^ h.rotate_left(17))
+        let mut h = crate::hash::Fnv::default();
+        h.bytes(label.as_bytes());
+        Rng::new(seed ^ h.finish().rotate_left(17))
     }
 
     /// Next 64 random bits.

@@ -193,23 +193,17 @@ fn decode_batch(
 /// A 64-bit identity of an image value (FNV-1a over its bytes, path or
 /// embedding bits), so identical images share an id.
 pub fn image_identity(v: &ImageValue) -> u64 {
-    let mut h: u64 = 0xCBF2_9CE4_8422_2325;
-    let mut eat = |b: &[u8]| {
-        for &x in b {
-            h ^= x as u64;
-            h = h.wrapping_mul(0x0000_0100_0000_01B3);
-        }
-    };
+    let mut h = ncclean_models::hash::Fnv::default();
     match v {
-        ImageValue::Bytes(b) => eat(b),
-        ImageValue::Path(p) => eat(p.to_string_lossy().as_bytes()),
+        ImageValue::Bytes(b) => h.bytes(b),
+        ImageValue::Path(p) => h.bytes(p.to_string_lossy().as_bytes()),
         ImageValue::Embedding(e) => {
             for x in e {
-                eat(&x.to_bits().to_le_bytes());
+                h.bytes(&x.to_bits().to_le_bytes());
             }
         }
     }
-    h
+    h.finish()
 }
 
 /// What one pass over the rows keeps.

@@ -34,20 +34,12 @@ const HASH_BITS: u32 = 48;
 /// features (FNV-1a over the 32-bit words, then a SplitMix64 finaliser),
 /// cut to `HASH_BITS`.
 pub fn pair_hash(image: &[f32], caption: &[f32]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |w: u32| {
-        h ^= u64::from(w);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    };
-    eat(image.len() as u32);
-    image.iter().for_each(|v| eat(v.to_bits()));
-    eat(caption.len() as u32);
-    caption.iter().for_each(|v| eat(v.to_bits()));
-    let mut z = h;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    z >> (64 - HASH_BITS)
+    let mut h = ncclean_models::hash::Fnv::default();
+    h.word(image.len() as u32);
+    image.iter().for_each(|v| h.word(v.to_bits()));
+    h.word(caption.len() as u32);
+    caption.iter().for_each(|v| h.word(v.to_bits()));
+    ncclean_models::hash::mix64(h.finish()) >> (64 - HASH_BITS)
 }
 
 /// The trained pairs and the two score distributions.
