@@ -28,9 +28,12 @@ pub struct FitArgs {
     pub cache: CacheArgs,
     #[command(flatten)]
     pub outcome: OutcomeArgs,
-    /// Noisy-correspondence method. Each one's defaults are its paper's, in
-    /// pipelines/presets/<method>.toml; recon needs local features (demo or
-    /// frozen towers, not embedding columns). The default, gsc, is the one
+    /// Noisy-correspondence method. Each one's defaults are in
+    /// pipelines/presets/<method>.toml: its paper's schedule where the toy
+    /// towers train, a short one where the towers are frozen (pretrained or
+    /// embedding columns: a head on fixed features memorises noisy pairs
+    /// within a few epochs); recon needs local features (demo or frozen
+    /// towers, not embedding columns). The default, gsc, is the one
     /// that held on Flickr8k at every measured noise rate and kind (random
     /// 20-70%, hard 20-50%; BENCHMARKS.md), where vanilla degrades above 50%.
     #[arg(long, default_value = "gsc", value_parser = method_names())]
