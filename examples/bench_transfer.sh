@@ -6,7 +6,8 @@
 #   calibrate on);
 # - unsampled: training rows outside the sample (same distribution, never
 #   seen: what `fit --sample` + `score` labels);
-# - dev: the dev split with the same noise (seed 5), images never seen.
+# - dev: the dev split with the same noise (seed 5), images never seen;
+# - test: the test split with the same noise (seed 6), images never seen.
 # For each: AUROC of 1 - clean_prob for the noisy pairs, mean clean_prob
 # against the true clean share, ECE (10 bins), and at the default cut
 # (clean_prob >= 0.5) the expected precision (mean clean_prob of the kept
@@ -15,8 +16,10 @@
 # Needs what examples/bench_graded.sh needs (Flickr8k in ../shared, MiniLM,
 # numpy and pyarrow); run that once first to build the data and the feature
 # cache. Usage: bash examples/bench_transfer.sh [METHODS...] (default gsc)
-# Environment: NOISES (default "random-0.2"), SEED fit seed (default 0), SAMPLE rows drawn (default
-# 15000, half of train), FIT_ARGS extra fit arguments, LABEL run suffix.
+# Environment: NOISES (default "random-0.2"; also hard-0.2 etc.), SEED fit seed (default 0), SAMPLE
+# rows drawn (default 15000, half of train; 0: fit on every row, no --sample), FIT_ARGS extra fit
+# arguments (the config is the shipped one: no --config), LABEL run suffix, PROFILE (dev or
+# release, default dev).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 methods=("$@"); [ ${#methods[@]} -gt 0 ] || methods=(gsc)
@@ -30,10 +33,13 @@ cache=$out/cache
 [ -d "$shared/data/flickr8k" ] || { echo "no $shared/data/flickr8k: set NCCLEAN_SHARED (skipped)" >&2; exit 0; }
 python3 -c "import numpy, pyarrow" 2>/dev/null || { echo "needs numpy and pyarrow: pip install numpy pyarrow" >&2; exit 2; }
 [ -f "$out/train.parquet" ] || { echo "no $out/train.parquet: run examples/bench_graded.sh once first" >&2; exit 2; }
-cargo build --quiet --bin ncclean
+profile=${PROFILE:-dev}
+cargo build --quiet --profile "$profile" --bin ncclean
 mkdir -p "$out/transfer"
 bin=$out/transfer/ncclean-bench${label:+-$label}
-cp target/debug/ncclean "$bin"
+dir=$profile; [ "$profile" = dev ] && dir=debug
+cp "target/$dir/ncclean" "$bin"
+sample_args=(); [ "$sample" = 0 ] || sample_args=(--sample "$sample")
 towers=(--image-encoder mobilenet_v2 --image-model "$shared/models/mobilenet_v2/model.safetensors" --text-encoder minilm --cache-dir "$cache")
 noisy() {
   local split=$1 mode=$2 rate=$3 seed=$4 f=$out/$1-$2-$3-s$4.parquet
@@ -44,17 +50,19 @@ for spec in "${noises[@]}"; do
   mode=${spec%-*} rate=${spec##*-}
   train=$(noisy train "$mode" "$rate" 0)
   dev=$(noisy dev "$mode" "$rate" 5)
+  test=$(noisy test "$mode" "$rate" 6)
   for m in "${methods[@]}"; do
     run=$out/transfer/$m${label:+-$label}-$mode-$rate-sample$sample
-    $bin fit "$train" --method "$m" --out-dir "$run" --force --sample "$sample" "${towers[@]}" \
-      --config examples/configs/flickr8k.toml --seed "${SEED:-0}" "${fit_args[@]}" >/dev/null 2>"$run.log"
+    $bin fit "$train" --method "$m" --out-dir "$run" --force "${sample_args[@]}" "${towers[@]}" \
+      --seed "${SEED:-0}" "${fit_args[@]}" >/dev/null 2>"$run.log"
     $bin score "$train" --checkpoint "$run" --cache-dir "$cache" --out "$run/all-labels.parquet" 2>>"$run.log" >/dev/null
     $bin score "$dev" --checkpoint "$run" --cache-dir "$cache" --out "$run/dev-labels.parquet" 2>>"$run.log" >/dev/null
-    python3 - "$m" "$mode" "$rate" "$sample" "$run" "$train" "$dev" <<'PY'
+    $bin score "$test" --checkpoint "$run" --cache-dir "$cache" --out "$run/test-labels.parquet" 2>>"$run.log" >/dev/null
+    python3 - "$m" "$mode" "$rate" "$sample" "$run" "$train" "$dev" "$test" <<'PY'
 import sys
 import numpy as np
 import pyarrow.parquet as pq
-m, mode, rate, sample, run, train, dev = sys.argv[1:]
+m, mode, rate, sample, run, train, dev, test = sys.argv[1:]
 
 def table(path, cols):
     t = pq.read_table(path, columns=cols)
@@ -100,10 +108,12 @@ tt = truth(train)
 a = table(f"{run}/all-labels.parquet", ["key", "ncclean_clean_prob"])
 for kind, inside in [("trained (drawn)", True), ("unsampled train", False)]:
     idx = [i for i, k in enumerate(a["key"]) if (k in drawn) == inside]
-    row(kind, [a["ncclean_clean_prob"][i] for i in idx], [tt[a["key"][i]] for i in idx])
-dt = truth(dev)
-d = table(f"{run}/dev-labels.parquet", ["key", "ncclean_clean_prob"])
-row("dev", d["ncclean_clean_prob"], [dt[k] for k in d["key"]])
+    if idx:
+        row(kind, [a["ncclean_clean_prob"][i] for i in idx], [tt[a["key"][i]] for i in idx])
+for kind, path in [("dev", dev), ("test", test)]:
+    t = truth(path)
+    d = table(f"{run}/{kind}-labels.parquet", ["key", "ncclean_clean_prob"])
+    row(kind, d["ncclean_clean_prob"], [t[k] for k in d["key"]])
 PY
   done
 done | tee -a "$out/transfer/rows.md"
