@@ -6,14 +6,19 @@
 # clipping and schedule; numpy/OpenBLAS on both cores) one after the other
 # on the same 30,000 cached Flickr8k pairs with 20% noise
 # (examples/configs/flickr8k.toml), then prints every run and the medians
-# as ratios to numpy's in the same run.
+# as ratios to numpy's in the same run. When the python of
+# $NCCLEAN_TORCH_VENV (default target/torch-venv) imports torch, each
+# repetition also runs examples/reference/vanilla_torch.py (the numpy
+# reference's steps with the head, its backward and Adam in PyTorch on the
+# CPU, 2 threads): issue #35's comparator, a "PyTorch port" row; without
+# torch that row is skipped and says so on stderr.
 #
 # Two times per run:
 #   - "epochs s": the training epochs alone (ncclean: stats.json's
 #     epoch_seconds, or the sum of the per-epoch times its log prints for
 #     a binary older than that field; numpy: its train_s, which is its
-#     epochs). The target of issue #35: ncclean's at most numpy's
-#     (ratio <= 1).
+#     epochs; PyTorch's likewise). The target of issue #35: ncclean's at
+#     most PyTorch's (and numpy's).
 #   - "train s": ncclean's train_seconds, which also holds the per-epoch
 #     resume checkpoints, the final division and the clean-probability
 #     model (BENCHMARKS.md "CPU speed" says what each takes); numpy has no
@@ -69,17 +74,36 @@ PY
   rm -rf "$run"
 }
 
-numpy_run() {
-  python3 examples/reference/vanilla_numpy.py "$train" --cache-dir "$out/cache" 2>/dev/null \
-    | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('numpy', $1, f\"{r['train_s']:.2f}\", f\"{r['train_s']:.2f}\", f\"{r['auroc']:.4f}\")"
+# reference_run NAME REP PYTHON SCRIPT [ARGS]: one run of a reference script;
+# prints "NAME REP epochs_s train_s AUROC" (both times its train_s: its epochs).
+reference_run() {
+  local name=$1 rep=$2 py=$3 script=$4
+  shift 4
+  "$py" "examples/reference/$script" "$train" --cache-dir "$out/cache" \
+    --config examples/configs/flickr8k.toml "$@" 2>/dev/null \
+    | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print('$name', $rep, f\"{r['train_s']:.2f}\", f\"{r['train_s']:.2f}\", f\"{r['auroc']:.4f}\")"
 }
+numpy_run() { reference_run numpy "$1" python3 vanilla_numpy.py; }
+torch_run() { reference_run torch "$1" "$torch_py" vanilla_torch.py --threads 2; }
+
+# The PyTorch peer only where the venv's python imports torch.
+venv=${NCCLEAN_TORCH_VENV:-target/torch-venv}
+torch_py="$venv/bin/python"
+if [ -x "$torch_py" ] && "$torch_py" -c 'import torch, numpy, pyarrow' 2>/dev/null; then
+  peers=(numpy torch)
+else
+  echo "PyTorch: skipped (no torch in $venv)" >&2
+  peers=(numpy)
+fi
 
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start" >&2
 for rep in $(seq 1 "$reps"); do
   for c in "${contenders[@]}"; do
     ncclean_run "$c" "$rep"
   done
-  numpy_run "$rep"
+  for p in "${peers[@]}"; do
+    "${p}_run" "$rep"
+  done
 done | tee "$work/runs.txt"
 echo "load average $(cut -d' ' -f1-3 /proc/loadavg) at the end" >&2
 python3 - "$work/runs.txt" <<'PY'
@@ -92,8 +116,9 @@ ref = statistics.median(e for e, _, _ in by["numpy"])
 print()
 print("| vanilla, 30k cached pairs, 20% noise | runs | epochs s (median) | epochs s (each) | ratio to numpy | train s (median) | AUROC |")
 print("|---|---|---|---|---|---|---|")
-label = {"old": "ncclean (baseline binary)", "new": "ncclean (this build)", "numpy": "numpy reference"}
-for name in ["old", "new", "numpy"]:
+label = {"old": "ncclean (baseline binary)", "new": "ncclean (this build)", "numpy": "numpy reference",
+         "torch": "PyTorch port"}
+for name in ["old", "new", "numpy", "torch"]:
     if name not in by:
         continue
     es = [e for e, _, _ in by[name]]
