@@ -8,7 +8,8 @@
 #
 # PyTorch and transformers are installed into a virtual environment
 # ($NCCLEAN_TORCH_VENV, default target/torch-venv) from PyTorch's CPU wheel
-# index ($PYTORCH_INDEX); without network, or when the install fails, the
+# index ($PYTORCH_INDEX), else PyPI's torch (a CUDA build that runs on the CPU);
+# without network, or when the install fails, the
 # PyTorch column is skipped and said so.
 #
 # Captions: the first 2,000 rows of target/flickr8k/test.parquet (made by
@@ -32,8 +33,13 @@ if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import torch, transformer
   have_torch=1
 else
   echo "installing torch (CPU, from $index), transformers and pyarrow into $venv ..." >&2
+  # PyPI's torch is a CUDA build (~6 GB installed with its CUDA wheels) that
+  # runs on the CPU as well: the fallback where PyTorch's CPU index cannot be
+  # reached (it could not from the machine of BENCHMARKS.md's side-by-side run).
   if python3 -m venv "$venv" >&2 \
-    && "$venv/bin/pip" install -q --index-url "$index" torch >&2 \
+    && { "$venv/bin/pip" install -q --index-url "$index" torch >&2 \
+      || { echo "$index unreachable: installing PyPI's torch (a CUDA build, ~6 GB, runs on the CPU)" >&2 \
+        && "$venv/bin/pip" install -q torch >&2; }; } \
     && "$venv/bin/pip" install -q transformers pyarrow >&2; then
     have_torch=1
   else
