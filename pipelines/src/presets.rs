@@ -60,6 +60,8 @@ pub fn resolve_with_notes(
         .parse()
         .map_err(|e| format!("built-in preset for {method} is invalid: {e}"))?;
     let mut notes = Vec::new();
+    // (the frozen schedule, the paper's), said once the user's values are on top.
+    let mut frozen_note: Option<(String, String)> = None;
     let frozen = match table.remove("frozen") {
         Some(toml::Value::Table(t)) => Some(t),
         Some(_) => {
@@ -80,12 +82,7 @@ pub fn resolve_with_notes(
         };
         let paper = schedule(&table);
         merge(&mut table, &frozen);
-        notes.push(format!(
-            "schedule: the towers are frozen, so {method} trains its head on the preset's \
-             frozen-feature schedule ({}) rather than the paper's ({paper}), which memorises \
-             noisy pairs on fixed features; --epochs, --lr or --config set it",
-            schedule(&table)
-        ));
+        frozen_note = Some((schedule(&table), paper));
     }
     let preset_schedule = (
         table.get("warmup_epochs").and_then(toml::Value::as_integer),
@@ -112,6 +109,21 @@ pub fn resolve_with_notes(
     let mut cfg: TrainConfig = toml::Value::Table(table)
         .try_into()
         .map_err(|e: toml::de::Error| format!("invalid configuration: {e}"))?;
+    if let Some((short, paper)) = frozen_note {
+        // A flag or a file that changed the schedule is named, so the note
+        // does not promise epochs the run will not train.
+        let run = format!("{} epochs, lr {}", cfg.epochs, toml::Value::Float(cfg.lr));
+        let yours = if run == short {
+            String::new()
+        } else {
+            format!(", with your settings on top: {run}")
+        };
+        notes.push(format!(
+            "schedule: the towers are frozen, so {method} trains its head on the preset's \
+             frozen-feature schedule ({short}) rather than the paper's ({paper}), which \
+             memorises noisy pairs on fixed features{yours}; --epochs, --lr or --config set it"
+        ));
+    }
     if let (false, (Some(w), Some(e))) = (warmup_given, preset_schedule) {
         let (w, e) = (w.max(0) as usize, e.max(1) as usize);
         if w > cfg.epochs {
@@ -246,8 +258,12 @@ mod tests {
         );
         // A flag or a file overrides the frozen schedule key by key.
         let over = toml::Table::from_iter([("epochs".to_string(), 9.into())]);
-        let (c, _) = frozen("gsc", &over);
+        let (c, notes) = frozen("gsc", &over);
         assert_eq!((c.epochs, c.lr), (9, 1e-3));
+        assert!(
+            notes[0].contains("on fixed features, with your settings on top: 9 epochs, lr 0.001;"),
+            "{notes:?}"
+        );
         let (c, _) = resolve_with_notes(
             "crcl",
             Towers::Frozen,
