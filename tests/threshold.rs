@@ -13,13 +13,18 @@ use ncclean::data::read_labels;
 /// 2,000 embedding demo pairs (fast to train) in `dir`, with `rate` of
 /// them mismatched (`ncclean corrupt`, seed 1) when `rate` > 0.
 fn data(dir: &Path, name: &str, rate: f64) -> PathBuf {
+    data_of(dir, name, rate, 2000)
+}
+
+/// [`data`] with `pairs` pairs.
+fn data_of(dir: &Path, name: &str, rate: f64, pairs: usize) -> PathBuf {
     let raw = dir.join(name);
     ok(&[
         "demo",
         "--out",
         p(&raw),
         "--pairs",
-        "2000",
+        &pairs.to_string(),
         "--embedding-dim",
         "32",
         "--seed",
@@ -370,30 +375,7 @@ fn fit_warns_on_noise_free_data_and_on_data_without_signal() {
 fn a_fit_too_small_to_hold_out_calibration_pairs_says_so() {
     let tmp = tempfile::tempdir().unwrap();
     for (pairs, warned) in [(300, true), (600, false)] {
-        let raw = tmp.path().join(format!("raw-{pairs}"));
-        let n = pairs.to_string();
-        let args = [
-            "demo",
-            "--out",
-            p(&raw),
-            "--pairs",
-            &n,
-            "--embedding-dim",
-            "32",
-        ];
-        ok(&args);
-        let noisy = tmp.path().join(format!("noisy-{pairs}.parquet"));
-        let clean = raw.join("demo.parquet");
-        ok(&[
-            "corrupt",
-            p(&clean),
-            "--rate",
-            "0.3",
-            "--seed",
-            "1",
-            "--out",
-            p(&noisy),
-        ]);
+        let noisy = data_of(tmp.path(), &format!("noisy-{pairs}"), 0.3, pairs);
         let run = tmp.path().join(format!("run-{pairs}"));
         let err = fit(&noisy, &run, &["--epochs", "4"]);
         let said = format!("warning: few pairs to calibrate on: {pairs} pairs are too few");

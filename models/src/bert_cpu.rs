@@ -33,32 +33,7 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{Config as BertConfig, HiddenAct, PositionEmbeddingType};
 use rayon::prelude::*;
 
-/// `fn NAME(args) => IMPL`: a function that runs the `#[inline(always)]`
-/// kernel `IMPL` compiled for AVX2+FMA when the CPU has them (std caches
-/// the check), else the baseline x86-64 build. Plain loops then vectorise
-/// 8 wide instead of 4 without a `target-cpu` flag on the whole crate.
-macro_rules! multiversion {
-    ($(#[$m:meta])* fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $imp:ident) => {
-        $(#[$m])*
-        fn $name($($arg: $ty),*) $(-> $ret)? {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2,fma")]
-                fn wide($($arg: $ty),*) $(-> $ret)? {
-                    $imp($($arg),*)
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    // SAFETY: the CPU has the features `wide` is built for.
-                    return unsafe { wide($($arg),*) };
-                }
-            }
-            $imp($($arg),*)
-        }
-    };
-}
-pub(crate) use multiversion;
+use crate::multiversion;
 
 /// Weights of one encoder layer, as Hugging Face stores them (`[out, in]`
 /// row-major linear weights).

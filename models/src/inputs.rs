@@ -9,7 +9,7 @@
 use candle_core::{DType, Device, Result, Tensor};
 use half::f16;
 
-use crate::bert_cpu::multiversion;
+use crate::multiversion;
 
 /// Sets of local feature vectors of frozen towers (image grid cells or
 /// patches, caption tokens), one set per distinct item, shared by the pairs

@@ -19,6 +19,7 @@ pub mod model;
 pub mod params;
 pub mod preprocess;
 pub mod rng;
+pub mod simd;
 pub mod synthetic;
 pub mod vocab;
 

@@ -8,34 +8,9 @@ use std::ops::Range;
 
 use candle_core::{CpuStorage, InplaceOp1, Layout, Result, Storage, StorageRef, Tensor};
 
-/// `fn NAME(args) => IMPL`: a function that runs the `#[inline(always)]`
-/// kernel `IMPL` compiled for AVX2+FMA when the CPU has them, else the
-/// baseline build. The crate is built for baseline x86-64, where plain
-/// loops vectorise 4 wide; with this they run 8 wide where the CPU can.
-/// (FMA is only enabled, never requested: Rust does not contract `a * b + c`,
-/// so results are the same on either path.)
-macro_rules! multiversion {
-    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $imp:ident) => {
-        $(#[$m])*
-        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2,fma")]
-                fn wide($($arg: $ty),*) $(-> $ret)? {
-                    $imp($($arg),*)
-                }
-                if std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-                {
-                    // SAFETY: the CPU has the features `wide` is built for.
-                    return unsafe { wide($($arg),*) };
-                }
-            }
-            $imp($($arg),*)
-        }
-    };
-}
-pub(crate) use multiversion;
+/// The AVX2+FMA dispatch of the host loops: the models crate's
+/// [`ncclean_models::multiversion`], shared with MiniLM's CPU encoder.
+pub(crate) use ncclean_models::multiversion;
 
 /// Read access to the values of a contiguous `f32` CPU tensor; the tensor's
 /// storage stays read-locked while this lives.
