@@ -19,7 +19,7 @@
 //! `∂W1 = ∂Aᵀ·X`, `∂b1 = Σ_rows ∂A`. That is 15 `gemm` products a step
 //! (the kernel candle's matmul calls, with the strides and threads of
 //! candle's own calls; `X·W1ᵀ` and `X·Wlᵀ` as one product where that keeps
-//! the bits, [`stacks_first_layer`]) and loops over `[128, ≤384]` buffers
+//! the bits, `stacks_first_layer`) and loops over `[128, ≤384]` buffers
 //! allocated once. Then the gradient norm, the clip and Adam in one pass
 //! per parameter, in place ([`crate::adam::Adam::step_host`]). The step
 //! runs on rayon's pool, whose threads run the products
