@@ -94,6 +94,7 @@ fn load_clean_model(
                 hashes,
                 trained: q.trained,
                 held_out: q.held_out,
+                weights: q.weights,
             })
         }
         (None, None) => None,
@@ -784,6 +785,7 @@ impl<M: Method> Pipeline for Runner<M> {
                 "trained_quantiles": m.trained.as_ref().map(|t| SavedQuantiles {
                     trained: t.trained.clone(),
                     held_out: t.held_out.clone(),
+                    weights: t.weights,
                 }),
             })),
         })
@@ -1021,6 +1023,10 @@ mod tests {
         let state = p.state();
         let quantiles = &state["clean_model"]["trained_quantiles"];
         assert!(quantiles.is_object(), "no trained-pairs map: {state}");
+        assert!(
+            quantiles["weights"].is_array(),
+            "trained pairs without their own weights: {quantiles}"
+        );
         let (_, of) = data.images.distinct();
         let held = calibration_pairs(
             &of,

@@ -192,23 +192,38 @@ impl Calibration {
     }
 
     fn score_row(&self, x: &[f64; 2]) -> f64 {
-        self.weights[0] * (x[0] - self.origin[0]) + self.weights[1] * (x[1] - self.origin[1])
+        self.score_row_with(self.weights, x)
     }
 
-    /// The score `u` of every pair of `s`; NaN where a signal is not a
-    /// finite number.
-    pub fn scores(&self, s: &Signals) -> Vec<f64> {
+    fn score_row_with(&self, w: [f64; 2], x: &[f64; 2]) -> f64 {
+        w[0] * (x[0] - self.origin[0]) + w[1] * (x[1] - self.origin[1])
+    }
+
+    /// The score of one pair with other weights of the two signals about
+    /// the same origin (the trained pairs' own: [`trained`]).
+    pub fn score_with(&self, weights: [f64; 2], similarity: f32, neighbourhood: f32) -> f64 {
+        self.score_row_with(weights, &[f64::from(similarity), f64::from(neighbourhood)])
+    }
+
+    /// [`Calibration::scores`] with other weights of the two signals.
+    pub fn scores_weighted(&self, s: &Signals, weights: [f64; 2]) -> Vec<f64> {
         s.similarity
             .iter()
             .zip(&s.neighbourhood)
             .map(|(&a, &b)| {
                 if a.is_finite() && b.is_finite() {
-                    self.score(a, b)
+                    self.score_with(weights, a, b)
                 } else {
                     f64::NAN
                 }
             })
             .collect()
+    }
+
+    /// The score `u` of every pair of `s`; NaN where a signal is not a
+    /// finite number.
+    pub fn scores(&self, s: &Signals) -> Vec<f64> {
+        self.scores_weighted(s, self.weights)
     }
 
     /// The score `u` of one pair.

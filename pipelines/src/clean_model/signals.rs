@@ -150,20 +150,23 @@ impl CleanModel {
             neighbours,
             trained: None,
         };
-        model.trained = model.trained_pairs(nets, data, calibration_pairs, &held)?;
+        model.trained = model.trained_pairs(nets, data, calibration_pairs, &held, rng)?;
         Ok(Some(model))
     }
 
     /// The pairs of `data` outside `held_out` (the ones the networks
-    /// trained on) with their scores' distribution against that of the
-    /// held-out pairs, whose signals are `held`; None when either is too
-    /// small.
+    /// trained on) with their own weights of the two signals (each
+    /// signal's separation of the trained pairs from random pairings among
+    /// them, [`super::signal_weight`]) and their scores' distribution under
+    /// those weights against that of the held-out pairs, whose signals are
+    /// `held`; None when either is too small.
     fn trained_pairs(
         &self,
         nets: &[Net],
         data: &PairInputs,
         held_out: &[usize],
         held: &Signals,
+        rng: &mut Rng,
     ) -> Result<Option<TrainedPairs>> {
         let mut is_held = vec![false; data.len()];
         for &i in held_out {
@@ -174,11 +177,24 @@ impl CleanModel {
             return Ok(None);
         }
         let t = self.signals_of(nets, data, &trained)?;
+        let (_, of) = data.images.distinct();
+        let pairings = pairings_of(
+            &self.reference,
+            self.neighbours,
+            nets,
+            data,
+            &trained,
+            &of,
+            rng,
+        )?;
         let cal = &self.calibration;
+        let weights = own_weights(&t, &pairings).unwrap_or(cal.weights);
+        let scores = cal.scores_weighted(&t, weights);
         Ok(TrainedPairs::new(
             t.hashes.clone(),
-            &cal.scores(&t),
+            &scores,
             &cal.scores(held),
+            Some(weights),
             MIN_PAIRS,
         ))
     }
@@ -267,7 +283,8 @@ impl CleanModel {
                 let (a, b) = (s.similarity[i], s.neighbourhood[i]);
                 match s.hashes.get(i) {
                     Some(&h) if trained.contains(h) && a.is_finite() && b.is_finite() => {
-                        cal.clean_prob_at(trained.held_out_score(cal.score(a, b)))
+                        let w = trained.weights.unwrap_or(cal.weights);
+                        cal.clean_prob_at(trained.held_out_score(cal.score_with(w, a, b)))
                     }
                     _ => cal.clean_prob(a, b),
                 }
@@ -329,8 +346,43 @@ fn calibrate_on(
         neighbourhood: reference.score(&pi, &pt, neighbours)?,
         hashes: Vec::new(),
     };
-    // Random pairings: the image of pair i with the caption of a pair j
-    // showing another image, both among `idx` (positions in it).
+    let pairings = pairings_with(reference, neighbours, &emb, (&pi, &pt), idx, image_of, rng)?;
+    Ok(Calibration::fit(&observed, &pairings).map(|c| (c, observed)))
+}
+
+/// Signals of random pairings among pairs `idx` of `data`: the image of
+/// pair i with the caption of a pair j showing another image
+/// (`image_of`), at most [`MAX_NEGATIVES`] of them (20 per pair).
+fn pairings_of(
+    reference: &Reference,
+    neighbours: usize,
+    nets: &[Net],
+    data: &PairInputs,
+    idx: &[usize],
+    image_of: &[u32],
+    rng: &mut Rng,
+) -> Result<Signals> {
+    if idx.is_empty() {
+        return Ok(Signals::default());
+    }
+    let emb = joint(nets, data, idx)?;
+    let (pi, pt) = pooled(nets, data, idx)?;
+    pairings_with(reference, neighbours, &emb, (&pi, &pt), idx, image_of, rng)
+}
+
+/// [`pairings_of`] with the pairs' joint embeddings and pooled features
+/// (rows in the order of `idx`) already computed.
+fn pairings_with(
+    reference: &Reference,
+    neighbours: usize,
+    emb: &[(Tensor, Tensor)],
+    pooled: (&Tensor, &Tensor),
+    idx: &[usize],
+    image_of: &[u32],
+    rng: &mut Rng,
+) -> Result<Signals> {
+    let (pi, pt) = pooled;
+    let n = idx.len();
     let of = image_of;
     let m = (n * 20).min(MAX_NEGATIVES);
     let (mut a, mut b) = (Vec::with_capacity(m), Vec::with_capacity(m));
@@ -345,21 +397,108 @@ fn calibrate_on(
             }
         }
     }
-    let pairings = if a.is_empty() {
-        Signals::default()
-    } else {
-        let dev = pi.device();
-        let ia = Tensor::from_slice(&a, a.len(), dev)?;
-        let ib = Tensor::from_slice(&b, b.len(), dev)?;
+    if a.is_empty() {
+        return Ok(Signals::default());
+    }
+    let dev = pi.device();
+    let ia = Tensor::from_slice(&a, a.len(), dev)?;
+    let ib = Tensor::from_slice(&b, b.len(), dev)?;
+    Ok(Signals {
+        similarity: similarity_of(emb, &a, &b)?,
+        neighbourhood: reference.score(
+            &pi.index_select(&ia, 0)?,
+            &pt.index_select(&ib, 0)?,
+            neighbours,
+        )?,
+        hashes: Vec::new(),
+    })
+}
+
+/// Each signal's weight ([`super::signal_weight`]) from pairs against
+/// random pairings of them; None when neither signal separates them or
+/// either side has fewer than [`MIN_PAIRS`] usable rows.
+fn own_weights(pairs: &Signals, pairings: &Signals) -> Option<[f64; 2]> {
+    let pos: Vec<[f64; 2]> = pairs.rows().collect();
+    let neg: Vec<[f64; 2]> = pairings.rows().collect();
+    if pos.len() < MIN_PAIRS || neg.len() < MIN_PAIRS {
+        return None;
+    }
+    let column = |rows: &[[f64; 2]], k: usize| rows.iter().map(|x| x[k]).collect::<Vec<f64>>();
+    let w = [0, 1].map(|k| super::signal_weight(&column(&pos, k), &column(&neg, k)));
+    (w != [0.0, 0.0]).then_some(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::isotonic::Isotonic;
+    use super::*;
+
+    fn signals(similarity: &[f32], neighbourhood: &[f32], hashes: &[u64]) -> Signals {
         Signals {
-            similarity: similarity_of(&emb, &a, &b)?,
-            neighbourhood: reference.score(
-                &pi.index_select(&ia, 0)?,
-                &pt.index_select(&ib, 0)?,
-                neighbours,
-            )?,
-            hashes: Vec::new(),
+            similarity: similarity.to_vec(),
+            neighbourhood: neighbourhood.to_vec(),
+            hashes: hashes.to_vec(),
         }
-    };
-    Ok(Calibration::fit(&observed, &pairings).map(|c| (c, observed)))
+    }
+
+    #[test]
+    fn own_weights_are_each_signals_separation() {
+        // Similarity: pairs 2, 4 against pairings 0, 2 (d = 2 per unit 1,
+        // as in `a_signal_weighs_its_own_separation_per_unit`), repeated
+        // to MIN_PAIRS rows; the neighbourhood does not separate them.
+        let rep = |v: &[f32]| -> Vec<f32> { v.iter().copied().cycle().take(MIN_PAIRS).collect() };
+        let pairs = signals(&rep(&[2.0, 4.0]), &rep(&[1.0, 1.0]), &[]);
+        let pairings = signals(&rep(&[0.0, 2.0]), &rep(&[1.0, 1.0]), &[]);
+        let w = own_weights(&pairs, &pairings).expect("weights");
+        assert!((w[0] - 2.0).abs() < 1e-12 && w[1] == 0.0, "{w:?}");
+        // Neither separates: none; too few rows: none.
+        assert!(own_weights(&pairings, &pairs).is_none());
+        let few = signals(&[2.0, 4.0], &[1.0, 1.0], &[]);
+        assert!(own_weights(&few, &pairings).is_none());
+    }
+
+    #[test]
+    fn trained_pairs_are_ranked_by_their_own_weights() {
+        // The calibration weighs the neighbourhood 9 times the similarity;
+        // the trained pairs weigh the similarity alone. Pair A (similarity
+        // 1, neighbourhood 0) and pair B (0, 1): read as new pairs B ranks
+        // above A, read as trained pairs (hashes 1 and 2) A above B.
+        let calibration = Calibration {
+            origin: [0.0, 0.0],
+            weights: [1.0, 9.0],
+            isotonic: Isotonic {
+                knots: vec![(-10.0, 0.01), (10.0, 0.99)],
+            },
+            noise: 0.5,
+            pairs: 100,
+            negatives: 100,
+        };
+        let grid: Vec<f64> = (0..=100).map(|i| f64::from(i) / 50.0 - 1.0).collect();
+        let trained = TrainedPairs::new(vec![1, 2], &grid, &grid, Some([1.0, 0.0]), 10);
+        let model = CleanModel {
+            calibration,
+            reference: Reference {
+                images: Vec::new(),
+                captions: Vec::new(),
+                weights: Vec::new(),
+                image_dim: 1,
+                text_dim: 1,
+                projection: Vec::new(),
+            },
+            neighbours: 1,
+            trained,
+        };
+        let new = model.clean_probs_of(&signals(&[1.0, 0.0], &[0.0, 1.0], &[7, 8]));
+        assert!(new[1] > new[0], "new pairs: {new:?}");
+        let seen = model.clean_probs_of(&signals(&[1.0, 0.0], &[0.0, 1.0], &[1, 2]));
+        assert!(seen[0] > seen[1], "trained pairs: {seen:?}");
+        // Without their own weights (an older checkpoint) trained pairs are
+        // weighed as new ones.
+        let mut old = model.clone();
+        if let Some(t) = old.trained.as_mut() {
+            t.weights = None;
+        }
+        let seen = old.clean_probs_of(&signals(&[1.0, 0.0], &[0.0, 1.0], &[1, 2]));
+        assert!(seen[1] > seen[0], "older checkpoint: {seen:?}");
+    }
 }
