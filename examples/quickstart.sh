@@ -11,7 +11,7 @@ pairs=${2:-2000}
 # The dev profile optimises dependencies at -O3 (Cargo.toml), so it runs fast
 # and shares its build with `cargo test`. For an installed binary:
 # cargo install --path .
-# Rust 1.85+ is installed with rustup first if this machine lacks it.
+# Rust 1.89+ is installed with rustup first if this machine lacks it.
 if [ -n "${NCCLEAN:-}" ]; then
   bin=$NCCLEAN
 else

@@ -1,4 +1,4 @@
-# Sourced by .ci/run and examples/quickstart.sh: makes `cargo` of Rust 1.85
+# Sourced by .ci/run and examples/quickstart.sh: makes `cargo` of Rust 1.89
 # or newer (the workspace's rust-version) available to the caller.
 #
 # - Found on PATH, or in ~/.cargo/env: used as it is.
@@ -19,7 +19,7 @@ ncclean_rust_ok() {
   rest=${v#*.}
   minor=${rest%%.*}
   case "$major$minor" in '' | *[!0-9]*) return 1 ;; esac
-  [ "$major" -gt 1 ] || { [ "$major" -eq 1 ] && [ "$minor" -ge 85 ]; }
+  [ "$major" -gt 1 ] || { [ "$major" -eq 1 ] && [ "$minor" -ge 89 ]; }
 }
 
 ncclean_ensure_rust() {
@@ -30,11 +30,11 @@ ncclean_ensure_rust() {
     local have
     have=$(cargo --version 2>/dev/null || echo "no cargo")
     if [ "${NCCLEAN_NO_RUST_INSTALL:-0}" = 1 ]; then
-      echo "error: ncclean needs Rust 1.85 or newer, and this machine has $have." >&2
+      echo "error: ncclean needs Rust 1.89 or newer, and this machine has $have." >&2
       echo "  Install it with rustup (https://rustup.rs), or unset NCCLEAN_NO_RUST_INSTALL to let this script do it." >&2
       return 1
     fi
-    echo "ncclean needs Rust 1.85 or newer ($have found): installing the stable toolchain with rustup (set NCCLEAN_NO_RUST_INSTALL=1 to stop this)" >&2
+    echo "ncclean needs Rust 1.89 or newer ($have found): installing the stable toolchain with rustup (set NCCLEAN_NO_RUST_INSTALL=1 to stop this)" >&2
     if command -v rustup >/dev/null 2>&1; then
       rustup toolchain install stable --profile minimal || return 1
       export RUSTUP_TOOLCHAIN=stable
@@ -46,14 +46,14 @@ ncclean_ensure_rust() {
         Darwin-x86_64) triple=x86_64-apple-darwin ;;
         Darwin-arm64) triple=aarch64-apple-darwin ;;
         *)
-          echo "error: no rustup installer known for $(uname -s) $(uname -m): install Rust 1.85+ from https://rustup.rs" >&2
+          echo "error: no rustup installer known for $(uname -s) $(uname -m): install Rust 1.89+ from https://rustup.rs" >&2
           return 1
           ;;
       esac
       tmp=$(mktemp -d)
       if ! curl --proto '=https' --tlsv1.2 -sSf \
         "https://static.rust-lang.org/rustup/dist/$triple/rustup-init" -o "$tmp/rustup-init"; then
-        echo "error: could not download rustup-init from static.rust-lang.org: install Rust 1.85+ from https://rustup.rs" >&2
+        echo "error: could not download rustup-init from static.rust-lang.org: install Rust 1.89+ from https://rustup.rs" >&2
         rm -rf "$tmp"
         return 1
       fi
@@ -62,7 +62,7 @@ ncclean_ensure_rust() {
       rm -rf "$tmp"
       . "$HOME/.cargo/env"
     fi
-    ncclean_rust_ok || { echo "error: Rust was installed but cargo 1.85+ is still not on PATH" >&2; return 1; }
+    ncclean_rust_ok || { echo "error: Rust was installed but cargo 1.89+ is still not on PATH" >&2; return 1; }
   fi
   if ! command -v cc >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

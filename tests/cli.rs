@@ -1529,7 +1529,7 @@ fn ensure_rust_accepts_this_toolchain_and_refuses_an_old_one() {
         assert_eq!(out.status.code(), Some(1), "{err}");
         assert!(
             err.contains(&format!(
-                "needs Rust 1.85 or newer, and this machine has {found}"
+                "needs Rust 1.89 or newer, and this machine has {found}"
             )),
             "{err}"
         );

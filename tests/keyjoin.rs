@@ -73,7 +73,7 @@ fn label(i: usize, key: String, file: &str, row: usize) -> LabelRow {
         clean_prob: (!skipped).then_some(i as f32 / 100.0),
         soft_label: (!skipped).then_some(1.0 - i as f32 / 100.0),
         similarity: (!skipped).then_some(0.5),
-        is_clean: !skipped && i % 3 != 0,
+        is_clean: !skipped && !i.is_multiple_of(3),
         status: if skipped {
             RowStatus::Skipped
         } else {

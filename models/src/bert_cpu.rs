@@ -7,12 +7,13 @@
 //! scores, its erf GELU calls a scalar f64 `erf` per element and its
 //! layer norm is a separate op after a separate residual add. On MiniLM
 //! that put the non-matmul work above half the forward time. Here a layer is
-//! four matrix products (through `gemm`, the kernel candle's own matmul
-//! calls, on the same thread pool) and three fused passes:
+//! four matrix products (through [`crate::packed_linear`]: weights packed
+//! once at load, AVX-512 where the CPU has it, the same bits on every
+//! x86-64 CPU with AVX2 and FMA) and three fused passes:
 //!
 //! - query, key and value in **one product** against the concatenated
-//!   weights, the biases written into the output first (`gemm` accumulates
-//!   into it), so nothing is transposed or made contiguous;
+//!   weights, the biases written into the output first (the product
+//!   accumulates into it), so nothing is transposed or made contiguous;
 //! - **attention** per (sequence, head) straight from that product's
 //!   output: scaled scores over the real keys only (masked keys are skipped,
 //!   which is what adding `f32::MIN` and exponentiating does exactly), a
@@ -34,23 +35,24 @@ use candle_transformers::models::bert::{Config as BertConfig, HiddenAct, Positio
 use rayon::prelude::*;
 
 use crate::multiversion;
+use crate::packed_linear::PackedLinear;
 
 /// Weights of one encoder layer, as Hugging Face stores them (`[out, in]`
 /// row-major linear weights).
 struct Layer {
     /// `[3H, H]`: query, key and value weights stacked.
-    qkv_w: Vec<f32>,
+    qkv_w: PackedLinear,
     qkv_b: Vec<f32>,
     /// `[H, H]` attention output projection.
-    attn_out_w: Vec<f32>,
+    attn_out_w: PackedLinear,
     attn_out_b: Vec<f32>,
     ln1_g: Vec<f32>,
     ln1_b: Vec<f32>,
     /// `[I, H]` feed-forward up projection.
-    up_w: Vec<f32>,
+    up_w: PackedLinear,
     up_b: Vec<f32>,
     /// `[H, I]` feed-forward down projection.
-    down_w: Vec<f32>,
+    down_w: PackedLinear,
     down_b: Vec<f32>,
     ln2_g: Vec<f32>,
     ln2_b: Vec<f32>,
@@ -137,15 +139,15 @@ impl CpuBert {
             let (ln1_g, ln1_b) = ln_of(&att.pp("output.LayerNorm"), h)?;
             let (ln2_g, ln2_b) = ln_of(&l.pp("output.LayerNorm"), h)?;
             layers.push(Layer {
-                qkv_w,
+                qkv_w: PackedLinear::new(&qkv_w, 3 * h, h),
                 qkv_b,
-                attn_out_w: vec_of(&att, "output.dense.weight", &[h, h])?,
+                attn_out_w: PackedLinear::new(&vec_of(&att, "output.dense.weight", &[h, h])?, h, h),
                 attn_out_b: vec_of(&att, "output.dense.bias", &[h])?,
                 ln1_g,
                 ln1_b,
-                up_w: vec_of(&l, "intermediate.dense.weight", &[i, h])?,
+                up_w: PackedLinear::new(&vec_of(&l, "intermediate.dense.weight", &[i, h])?, i, h),
                 up_b: vec_of(&l, "intermediate.dense.bias", &[i])?,
-                down_w: vec_of(&l, "output.dense.weight", &[h, i])?,
+                down_w: PackedLinear::new(&vec_of(&l, "output.dense.weight", &[h, i])?, h, i),
                 down_b: vec_of(&l, "output.dense.bias", &[h])?,
                 ln2_g,
                 ln2_b,
@@ -274,17 +276,14 @@ impl CpuBert {
     }
 }
 
-/// `dst [rows, out] (+)= src [rows, in] · wᵀ + bias` with `w [out, in]`
-/// row-major: the bias is added into `dst` (kept, when `accumulate`, as the
-/// residual stream) and `gemm` adds the product onto it, so the bias, the
-/// residual and the product need no separate pass or buffer. Same kernel
-/// and strides as candle's own CPU matmul of `src · wᵀ`, on this thread
-/// (the caller runs one group of sequences per thread).
-fn linear_into(dst: &mut [f32], src: &[f32], w: &[f32], bias: &[f32], accumulate: bool) {
+/// `dst [rows, out] (+)= src [rows, in] · wᵀ + bias`: the bias is added
+/// into `dst` (kept, when `accumulate`, as the residual stream) and the
+/// product accumulates onto it, so the bias, the residual and the product
+/// need no separate pass or buffer. On this thread (the caller runs one
+/// group of sequences per thread).
+fn linear_into(dst: &mut [f32], src: &[f32], w: &PackedLinear, bias: &[f32], accumulate: bool) {
     let out = bias.len();
-    let inp = w.len() / out;
-    let rows = src.len() / inp;
-    assert_eq!(dst.len(), rows * out, "linear: output size");
+    assert_eq!(w.out(), out, "linear: bias size");
     for row in dst.chunks_exact_mut(out) {
         if accumulate {
             row.iter_mut().zip(bias).for_each(|(d, b)| *d += b);
@@ -292,36 +291,7 @@ fn linear_into(dst: &mut [f32], src: &[f32], w: &[f32], bias: &[f32], accumulate
             row.copy_from_slice(bias);
         }
     }
-    if rows == 0 {
-        return;
-    }
-    // SAFETY: dst, src and w hold rows·out, rows·inp and out·inp elements
-    // (checked above and by construction), the strides describe them (dst
-    // and src row-major; w read as wᵀ: element (k, j) of the right operand
-    // is w[j·inp + k]) and dst does not alias the inputs.
-    unsafe {
-        gemm::gemm(
-            rows,
-            out,
-            inp,
-            dst.as_mut_ptr(),
-            1,
-            out as isize,
-            true,
-            src.as_ptr(),
-            1,
-            inp as isize,
-            w.as_ptr(),
-            inp as isize,
-            1,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
+    w.accumulate(dst, src);
 }
 
 /// Self-attention from the fused projection `qkv [tokens, 3H]` (query,

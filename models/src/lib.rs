@@ -16,6 +16,7 @@ pub mod inputs;
 pub mod layers;
 pub mod mobilenet_v2;
 pub mod model;
+pub mod packed_linear;
 pub mod params;
 pub mod preprocess;
 pub mod rng;

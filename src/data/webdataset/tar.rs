@@ -397,7 +397,7 @@ impl TarReader {
         let mut blocks = 0u64;
         while self.len.saturating_sub(at) >= BLOCK {
             blocks += 1;
-            if blocks % 65_536 == 0 {
+            if blocks.is_multiple_of(65_536) {
                 crate::runtime::interrupt::check()?;
             }
             self.read_exact_at(at, &mut h)

@@ -104,7 +104,7 @@ fn copy_kept(shard: &Path, keep: &[bool], w: &mut impl Write) -> Result<FilterSu
     let mut entries = 0usize;
     while let Some(entry) = reader.next_entry()? {
         entries += 1;
-        if entries % 1024 == 0 {
+        if entries.is_multiple_of(1024) {
             crate::runtime::interrupt::check()?;
         }
         match entry {

@@ -120,7 +120,7 @@ impl Store {
             let global_len = std::fs::metadata(dir.join(format!("{stem}.global.f16")))
                 .map(|m| m.len() as usize)
                 .unwrap_or(0);
-            if n == 0 || global_len % (2 * n) != 0 {
+            if n == 0 || !global_len.is_multiple_of(2 * n) {
                 continue; // a damaged shard is ignored; its vectors are recomputed
             }
             dim.get_or_insert(global_len / (2 * n));
@@ -179,7 +179,7 @@ impl Store {
                 .chunks_exact(2)
                 .map(|c| u16::from_le_bytes([c[0], c[1]]) as usize)
                 .collect()
-        } else if n > 0 && bytes % (n * dim * 2) == 0 {
+        } else if n > 0 && bytes.is_multiple_of(n * dim * 2) {
             vec![bytes / (n * dim * 2); n]
         } else {
             Vec::new()
