@@ -18,6 +18,8 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::Result;
+use ncclean_models::packed_linear::PackedLinear;
+
 use crate::scoring::par_map;
 
 /// Pooled image cosine from which two images count as the same image.
@@ -181,8 +183,10 @@ impl Reference {
     ///
     /// On the CPU the queries are cut into `PIECE`-row pieces of the
     /// `CHUNK`-row chunks, each searched and scored on its own on the
-    /// thread pool ([`par_map`]); the cosines are the same bits as one
-    /// product per chunk (see `pieces`), so the scores are too.
+    /// thread pool ([`par_map`]); each cosine is one chain of fused
+    /// multiply-adds ([`PackedLinear`]), the same bits whatever the rows
+    /// around it and on any x86-64 CPU with AVX2 and FMA, so a pair's
+    /// score does not depend on the other pairs scored with it.
     pub fn score(&self, images: &Tensor, texts: &Tensor, k: usize) -> Result<Vec<f32>> {
         let n = images.dim(0)?;
         let device = images.device().clone();
@@ -190,12 +194,6 @@ impl Reference {
         if r == 0 || n == 0 {
             return Ok(vec![f32::NAN; n]);
         }
-        // `[width, r]`, contiguous: one product per piece finds every
-        // query's look-alikes; the captions are compared on the host with
-        // the k chosen only.
-        let ref_t = Tensor::from_slice(&self.images, (r, self.width()), &device)?
-            .t()?
-            .contiguous()?;
         let images = self.search_space(images)?;
         let captions: Vec<f32> = texts
             .to_dtype(DType::F32)?
@@ -203,37 +201,44 @@ impl Reference {
             .flatten_all()?
             .to_vec1()?;
         let dt = self.text_dim;
-        let pieces = if device.is_cpu() {
-            pieces(n, r)
-        } else {
-            // One product per chunk on an accelerator, read back whole.
-            (0..n)
-                .step_by(CHUNK)
-                .map(|s| s..(s + CHUNK).min(n))
+        // The queries of rows `p` against every reference image, then each
+        // query's look-alikes and caption agreement.
+        let finish = |p: &std::ops::Range<usize>, look: &[f32]| -> Vec<f32> {
+            let mut search = Search::new(k);
+            look.chunks(r)
+                .enumerate()
+                .map(|(row, look)| {
+                    let q = p.start + row;
+                    self.one(&mut search, look, &captions[q * dt..(q + 1) * dt])
+                })
                 .collect()
         };
-        let score_piece = |p: &std::ops::Range<usize>| -> candle_core::Result<Vec<f32>> {
+        if device.is_cpu() {
+            // The reference images packed once for this call; each piece's
+            // cosines are one chain of multiply-adds per entry
+            // ([`PackedLinear`]), the same bits whatever rows surround it.
+            let w = self.width();
+            let packed = PackedLinear::new(&self.images, r, w);
+            let queries: Vec<f32> = images.flatten_all()?.to_vec1()?;
+            let parts = par_map(&pieces(n, r), |p| {
+                let mut look = vec![0f32; p.len() * r];
+                packed.accumulate(&mut look, &queries[p.start * w..p.end * w]);
+                Ok(finish(p, &look))
+            })?;
+            return Ok(parts.concat());
+        }
+        // One product per chunk on an accelerator, read back whole.
+        let ref_t = Tensor::from_slice(&self.images, (r, self.width()), &device)?
+            .t()?
+            .contiguous()?;
+        let mut out = Vec::with_capacity(n);
+        for start in (0..n).step_by(CHUNK) {
+            let p = start..(start + CHUNK).min(n);
             let look = images.narrow(0, p.start, p.len())?.matmul(&ref_t)?;
             let look = look.to_device(&Device::Cpu)?;
-            let mut search = Search::new(k);
-            let mut out = Vec::with_capacity(p.len());
-            with_host_rows(&look, |look| {
-                for (row, look) in look.chunks(r).enumerate() {
-                    let q = p.start + row;
-                    out.push(self.one(&mut search, look, &captions[q * dt..(q + 1) * dt]));
-                }
-            })?;
-            Ok(out)
-        };
-        let parts = if device.is_cpu() {
-            par_map(&pieces, score_piece)?
-        } else {
-            pieces
-                .iter()
-                .map(score_piece)
-                .collect::<candle_core::Result<_>>()?
-        };
-        Ok(parts.concat())
+            with_host_rows(&look, |look| out.extend(finish(&p, look)))?;
+        }
+        Ok(out)
     }
 
     /// One query: `look[r]` its image's cosine with reference image r,
@@ -275,12 +280,12 @@ const PIECE: usize = 64;
 
 /// The pieces of `n` queries against `r` reference images: the
 /// [`CHUNK`]-row chunks from query 0, each cut into pieces of [`PIECE`] rows
-/// (a last piece of one row joins the one before). `gemm` gives an entry
-/// of a product the same bits whatever the number of rows around it (the
-/// depth, 128, is one block; rows and columns are only tiled), except on
-/// its paths for one row (a matrix-vector product) and for tiny products
-/// (rows × columns ≤ 256): a piece has one row only where its chunk has,
-/// and with at most 256 reference images the chunks are not cut.
+/// (a last piece of one row joins the one before; with at most 256
+/// reference images the chunks are not cut). The packed kernel gives an
+/// entry the same bits whatever rows surround it, so the cut changes no
+/// score; it dates from `gemm`, whose one-row and tiny-product paths sum
+/// in another order, and still sets how work is shared on CPUs without
+/// AVX2 and FMA, where `gemm` computes the products.
 fn pieces(n: usize, r: usize) -> Vec<std::ops::Range<usize>> {
     let mut out = Vec::new();
     for start in (0..n).step_by(CHUNK) {
@@ -502,27 +507,32 @@ mod tests {
         k: usize,
     ) -> Vec<f32> {
         let n = images.dim(0).unwrap();
-        let ref_t = Tensor::from_slice(&r.images, (r.len(), r.width()), &Device::Cpu)
+        let images: Vec<f32> = r
+            .search_space(images)
             .unwrap()
-            .t()
+            .flatten_all()
             .unwrap()
-            .contiguous()
+            .to_vec1()
             .unwrap();
-        let images = r.search_space(images).unwrap();
         let captions: Vec<f32> = texts.flatten_all().unwrap().to_vec1().unwrap();
-        let dt = r.text_dim;
+        let (dt, w) = (r.text_dim, r.width());
         let mut out = Vec::new();
         for start in (0..n).step_by(CHUNK) {
             let len = CHUNK.min(n - start);
-            let look: Vec<f32> = images
-                .narrow(0, start, len)
-                .unwrap()
-                .matmul(&ref_t)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
+            // Each cosine as one chain of fused multiply-adds over the
+            // features in order, from 0: what the CPU kernel computes.
+            let mut look = Vec::with_capacity(len * r.len());
+            for q in start..start + len {
+                let query = &images[q * w..(q + 1) * w];
+                for image in r.images.chunks(w) {
+                    look.push(
+                        query
+                            .iter()
+                            .zip(image)
+                            .fold(0f32, |acc, (a, b)| a.mul_add(*b, acc)),
+                    );
+                }
+            }
             for (row, look) in look.chunks(r.len()).enumerate() {
                 let q = start + row;
                 let caption = &captions[q * dt..(q + 1) * dt];
