@@ -15,6 +15,11 @@ use crate::net::Net;
 /// Pairs embedded per chunk.
 const CHUNK: usize = 512;
 
+/// Most trained pairs whose images and captions are paired at random to
+/// weigh the trained pairs' signals (a seeded sample beyond): as many as
+/// the held-out pairs of a large file.
+const PAIRING_POOL: usize = 5_000;
+
 /// Tries at drawing a caption of another image for a random pairing.
 const DRAWS: usize = 16;
 
@@ -178,12 +183,21 @@ impl CleanModel {
         }
         let t = self.signals_of(nets, data, &trained)?;
         let (_, of) = data.images.distinct();
+        // The pairings are drawn among a sample of the trained pairs: their
+        // embeddings are held whole while the pairings are drawn, which for
+        // every trained pair of a large file is hundreds of MB.
+        let mut pool = trained.clone();
+        if pool.len() > PAIRING_POOL {
+            rng.shuffle(&mut pool);
+            pool.truncate(PAIRING_POOL);
+            pool.sort_unstable();
+        }
         let pairings = pairings_of(
             &self.reference,
             self.neighbours,
             nets,
             data,
-            &trained,
+            &pool,
             &of,
             rng,
         )?;
