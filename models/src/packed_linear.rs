@@ -1,6 +1,6 @@
 //! `dst += src · wᵀ` for a frozen linear layer whose weights are packed
-//! once, with the same bits on every x86-64 CPU (issue #35: MiniLM at
-//! PyTorch's speed).
+//! once, with the same bits on every x86-64 CPU with AVX2 and FMA (issue
+//! #35: MiniLM at PyTorch's speed).
 //!
 //! MiniLM's encoder spends three quarters of its time in four matrix
 //! products per layer. `gemm` 0.19, which candle calls, runs its AVX2
@@ -11,9 +11,11 @@
 //! features) would not be recognised on the other kind of CPU. Here every
 //! output element is one chain of fused multiply-adds, `dst[i][j]` first,
 //! then `src[i][k] · w[j][k]` for k = 0, 1, … in order, whatever the vector
-//! width: the AVX-512 kernel (32 columns × 12 rows a tile), the AVX2 one
-//! (16 × 6) and the portable one give identical results, which a test
-//! checks bit for bit. Only the speed depends on the CPU.
+//! width: the AVX-512 kernel (32 columns × 12 rows a tile) and the AVX2
+//! one (16 × 6) give identical results, which a test checks bit for bit
+//! against that chain computed one element at a time. Only the speed
+//! depends on the CPU. Older x86-64 CPUs and other architectures go
+//! through `gemm` (its own order, so their bits differ, as before).
 //!
 //! The weights are packed at load into panels of [`PANEL`] output columns,
 //! each `inp × PANEL` (one row of `PANEL` weights per input feature), so the
@@ -25,12 +27,14 @@ pub const PANEL: usize = 32;
 /// Rows of `src` whose tiles run over every panel before the next rows:
 /// their `96 × inp` inputs stay in the core's cache while all the weights
 /// stream past them.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const ROW_BLOCK: usize = 96;
 
 /// Input features a tile sums over before the next panel: the panel's
 /// `KC × PANEL` weights (32 KiB) stay in the first-level cache across the
 /// row block's tiles. Each tile goes on from the partial sums in `dst`, so
 /// every element's chain is the same as without blocks.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const KC: usize = 256;
 
 /// A frozen `[out, in]` weight matrix packed for [`PackedLinear::accumulate`].
