@@ -148,26 +148,34 @@ pub fn signal_weight(pos: &[f64], neg: &[f64]) -> f64 {
     (mp - mn) / pooled / pooled
 }
 
+/// Usable rows (both signals finite) of pairs and of pairings, with each
+/// signal's weight ([`signal_weight`]) from how it separates them; None
+/// with fewer than [`MIN_PAIRS`] rows on either side or when neither signal
+/// ranks the pairs above the pairings. The one rule both the calibration
+/// (held-out pairs) and the trained pairs ([`trained`]) are weighed by.
+fn separation(
+    pairs: &Signals,
+    pairings: &Signals,
+) -> Option<(Vec<[f64; 2]>, Vec<[f64; 2]>, [f64; 2])> {
+    let pos: Vec<[f64; 2]> = pairs.rows().collect();
+    let neg: Vec<[f64; 2]> = pairings.rows().collect();
+    if pos.len() < MIN_PAIRS || neg.len() < MIN_PAIRS {
+        return None;
+    }
+    let column = |rows: &[[f64; 2]], k: usize| rows.iter().map(|x| x[k]).collect::<Vec<f64>>();
+    let weights = [0, 1].map(|k| signal_weight(&column(&pos, k), &column(&neg, k)));
+    (weights != [0.0, 0.0]).then_some((pos, neg, weights))
+}
+
 impl Calibration {
     /// Fit on the signals of the observed pairs and of random pairings;
     /// None with fewer than [`MIN_PAIRS`] usable ones of either, or when
     /// neither signal ranks the observed pairs above the random pairings.
     pub fn fit(data: &Signals, pairings: &Signals) -> Option<Calibration> {
-        let pos: Vec<[f64; 2]> = data.rows().collect();
-        let neg: Vec<[f64; 2]> = pairings.rows().collect();
-        if pos.len() < MIN_PAIRS || neg.len() < MIN_PAIRS {
-            return None;
-        }
-        let column = |rows: &[[f64; 2]], k: usize| rows.iter().map(|x| x[k]).collect::<Vec<f64>>();
+        let (pos, neg, weights) = separation(data, pairings)?;
         let mut origin = [0.0; 2];
-        let mut weights = [0.0; 2];
-        for k in 0..2 {
-            let (p, q) = (column(&pos, k), column(&neg, k));
-            origin[k] = q.iter().sum::<f64>() / q.len() as f64;
-            weights[k] = signal_weight(&p, &q);
-        }
-        if weights.iter().all(|&w| w == 0.0) {
-            return None;
+        for (k, o) in origin.iter_mut().enumerate() {
+            *o = neg.iter().map(|x| x[k]).sum::<f64>() / neg.len() as f64;
         }
         let mut cal = Calibration {
             origin,

@@ -432,14 +432,7 @@ fn pairings_with(
 /// random pairings of them; None when neither signal separates them or
 /// either side has fewer than [`MIN_PAIRS`] usable rows.
 fn own_weights(pairs: &Signals, pairings: &Signals) -> Option<[f64; 2]> {
-    let pos: Vec<[f64; 2]> = pairs.rows().collect();
-    let neg: Vec<[f64; 2]> = pairings.rows().collect();
-    if pos.len() < MIN_PAIRS || neg.len() < MIN_PAIRS {
-        return None;
-    }
-    let column = |rows: &[[f64; 2]], k: usize| rows.iter().map(|x| x[k]).collect::<Vec<f64>>();
-    let w = [0, 1].map(|k| super::signal_weight(&column(&pos, k), &column(&neg, k)));
-    (w != [0.0, 0.0]).then_some(w)
+    super::separation(pairs, pairings).map(|(_, _, w)| w)
 }
 
 #[cfg(test)]
