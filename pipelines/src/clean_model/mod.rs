@@ -148,15 +148,15 @@ pub fn signal_weight(pos: &[f64], neg: &[f64]) -> f64 {
     (mp - mn) / pooled / pooled
 }
 
+/// One pair's (similarity, neighbourhood).
+type Row = [f64; 2];
+
 /// Usable rows (both signals finite) of pairs and of pairings, with each
 /// signal's weight ([`signal_weight`]) from how it separates them; None
 /// with fewer than [`MIN_PAIRS`] rows on either side or when neither signal
 /// ranks the pairs above the pairings. The one rule both the calibration
 /// (held-out pairs) and the trained pairs ([`trained`]) are weighed by.
-fn separation(
-    pairs: &Signals,
-    pairings: &Signals,
-) -> Option<(Vec<[f64; 2]>, Vec<[f64; 2]>, [f64; 2])> {
+fn separation(pairs: &Signals, pairings: &Signals) -> Option<(Vec<Row>, Vec<Row>, [f64; 2])> {
     let pos: Vec<[f64; 2]> = pairs.rows().collect();
     let neg: Vec<[f64; 2]> = pairings.rows().collect();
     if pos.len() < MIN_PAIRS || neg.len() < MIN_PAIRS {
