@@ -155,7 +155,7 @@ impl CleanModel {
             neighbours,
             trained: None,
         };
-        model.trained = model.trained_pairs(nets, data, calibration_pairs, &held, rng)?;
+        model.trained = model.trained_pairs(nets, data, (calibration_pairs, &held), &of, rng)?;
         Ok(Some(model))
     }
 
@@ -164,13 +164,14 @@ impl CleanModel {
     /// signal's separation of the trained pairs from random pairings among
     /// them, [`super::signal_weight`]) and their scores' distribution under
     /// those weights against that of the held-out pairs, whose signals are
-    /// `held`; None when either is too small.
+    /// `held`; None when either is too small. `image_of[i]`: pair i's
+    /// distinct image.
     fn trained_pairs(
         &self,
         nets: &[Net],
         data: &PairInputs,
-        held_out: &[usize],
-        held: &Signals,
+        (held_out, held): (&[usize], &Signals),
+        image_of: &[u32],
         rng: &mut Rng,
     ) -> Result<Option<TrainedPairs>> {
         let mut is_held = vec![false; data.len()];
@@ -182,7 +183,6 @@ impl CleanModel {
             return Ok(None);
         }
         let t = self.signals_of(nets, data, &trained)?;
-        let (_, of) = data.images.distinct();
         // The pairings are drawn among a sample of the trained pairs: their
         // embeddings are held whole while the pairings are drawn, which for
         // every trained pair of a large file is hundreds of MB.
@@ -192,15 +192,10 @@ impl CleanModel {
             pool.truncate(PAIRING_POOL);
             pool.sort_unstable();
         }
-        let pairings = pairings_of(
-            &self.reference,
-            self.neighbours,
-            nets,
-            data,
-            &pool,
-            &of,
-            rng,
-        )?;
+        let emb = joint(nets, data, &pool)?;
+        let (pi, pt) = pooled(nets, data, &pool)?;
+        let (reference, k) = (&self.reference, self.neighbours);
+        let pairings = pairings_with(reference, k, &emb, (&pi, &pt), &pool, image_of, rng)?;
         let cal = &self.calibration;
         let weights = own_weights(&t, &pairings).unwrap_or(cal.weights);
         let scores = cal.scores_weighted(&t, weights);
@@ -364,28 +359,10 @@ fn calibrate_on(
     Ok(Calibration::fit(&observed, &pairings).map(|c| (c, observed)))
 }
 
-/// Signals of random pairings among pairs `idx` of `data`: the image of
-/// pair i with the caption of a pair j showing another image
-/// (`image_of`), at most [`MAX_NEGATIVES`] of them (20 per pair).
-fn pairings_of(
-    reference: &Reference,
-    neighbours: usize,
-    nets: &[Net],
-    data: &PairInputs,
-    idx: &[usize],
-    image_of: &[u32],
-    rng: &mut Rng,
-) -> Result<Signals> {
-    if idx.is_empty() {
-        return Ok(Signals::default());
-    }
-    let emb = joint(nets, data, idx)?;
-    let (pi, pt) = pooled(nets, data, idx)?;
-    pairings_with(reference, neighbours, &emb, (&pi, &pt), idx, image_of, rng)
-}
-
-/// [`pairings_of`] with the pairs' joint embeddings and pooled features
-/// (rows in the order of `idx`) already computed.
+/// Signals of random pairings among pairs `idx`: the image of pair i with
+/// the caption of a pair j showing another image (`image_of`), at most
+/// [`MAX_NEGATIVES`] of them (20 per pair), from the pairs' joint
+/// embeddings and pooled features (rows in the order of `idx`).
 fn pairings_with(
     reference: &Reference,
     neighbours: usize,
