@@ -26,15 +26,10 @@ import sys
 
 import numpy as np
 import pyarrow.parquet as pq
-from scipy.stats import kendalltau, rankdata
+from scipy.stats import kendalltau
 
-
-def auroc(clean_score, noisy):
-    """AUROC of `noisy` by low `clean_score` (ties share ranks)."""
-    r = rankdata(-clean_score)
-    n1 = noisy.sum()
-    n0 = len(noisy) - n1
-    return (r[noisy].sum() - n1 * (n1 + 1) / 2) / (n1 * n0)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "reference"))
+from vanilla_numpy import auroc_ap  # noqa: E402  (the project's AUROC, ties averaged)
 
 
 def embed(captions, model_dir):
@@ -83,7 +78,7 @@ def main():
         for col in ["ncclean_clean_prob", "ncclean_similarity"]:
             v = np.array([t[col][i] for i in rows], dtype=float)
             tau = 100 * kendalltau(v, rel).statistic
-            print(f"{path}\t{col[8:]}\tAUROC {auroc(v, flag):.4f}\ttau_b {tau:.1f}")
+            print(f"{path}\t{col[8:]}\tAUROC {auroc_ap(-v, flag)[0]:.4f}\ttau_b {tau:.1f}")
 
 
 if __name__ == "__main__":
