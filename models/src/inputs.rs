@@ -290,7 +290,7 @@ multiversion! {
     /// one 64-bit FNV chain over the whole vector (a multiply's latency per
     /// value) took 0.1 s a call on 30,000 MobileNetV2 vectors, the lanes
     /// vectorise (0.03 s, about the time to read the vectors).
-    fn row_hash(row: &[f32]) -> u64 => row_hash_impl
+    pub fn row_hash(row: &[f32]) -> u64 => row_hash_impl
 }
 
 #[inline(always)]

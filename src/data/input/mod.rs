@@ -213,6 +213,17 @@ impl InputSet {
         Ok(self.fingerprint.get_or_init(|| f).clone())
     }
 
+    /// [`InputSet::fingerprint`] read on another thread beside other
+    /// work: it gives up (an error nobody reads) as soon as `stop` is set,
+    /// so work that failed does not wait for every byte to be hashed.
+    pub fn fingerprint_unless(&self, stop: &std::sync::atomic::AtomicBool) -> Result<String> {
+        if let Some(f) = self.fingerprint.get() {
+            return Ok(f.clone());
+        }
+        let f = fingerprint_files_unless(self.files.iter().map(|f| f.path.as_path()), Some(stop))?;
+        Ok(self.fingerprint.get_or_init(|| f).clone())
+    }
+
     /// Display name of a file as given (used in labels' `source_file`).
     pub fn display_name(&self, file: usize) -> String {
         self.files
@@ -608,6 +619,15 @@ impl Iterator for PairIter<'_> {
 /// sha256 (hex) over the content of `paths` in order, each prefixed with
 /// its length ([`InputSet::fingerprint`]; run.json's `input_fingerprint`).
 pub fn fingerprint_files<'a>(paths: impl Iterator<Item = &'a Path>) -> Result<String> {
+    fingerprint_files_unless(paths, None)
+}
+
+/// [`fingerprint_files`], giving up between MiBs once `stop` is set.
+fn fingerprint_files_unless<'a>(
+    paths: impl Iterator<Item = &'a Path>,
+    stop: Option<&std::sync::atomic::AtomicBool>,
+) -> Result<String> {
+    let stopped = || stop.is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed));
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     for path in paths {
@@ -624,6 +644,9 @@ pub fn fingerprint_files<'a>(paths: impl Iterator<Item = &'a Path>) -> Result<St
                 .with_context(|| format!("reading {}", path.display()))?;
             if n == 0 {
                 break;
+            }
+            if stopped() {
+                return Err(anyhow::anyhow!("fingerprinting the input stopped").into());
             }
             hasher.update(&buf[..n]);
         }

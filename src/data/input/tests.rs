@@ -317,6 +317,29 @@ fn fingerprint_depends_on_content_not_names() {
     assert_eq!(fa.len(), 64);
 }
 
+#[test]
+fn fingerprint_read_beside_other_work_is_the_same_or_gives_up() {
+    use std::sync::atomic::AtomicBool;
+    let dir = tempfile::tempdir().unwrap();
+    let a = simple(dir.path(), "a.parquet", &["x", "y"]);
+    let want = open(std::slice::from_ref(&a))
+        .unwrap()
+        .fingerprint()
+        .unwrap();
+    let go = AtomicBool::new(false);
+    assert_eq!(
+        open(std::slice::from_ref(&a))
+            .unwrap()
+            .fingerprint_unless(&go)
+            .unwrap(),
+        want
+    );
+    // Stopped before its first MiB: an error, and nothing remembered.
+    let set = open(&[a]).unwrap();
+    assert!(set.fingerprint_unless(&AtomicBool::new(true)).is_err());
+    assert_eq!(set.fingerprint().unwrap(), want);
+}
+
 fn assert_invalid(result: Result<InputSet>, needles: &[&str]) {
     let e = result.expect_err("expected an error");
     assert_eq!(e.exit_code(), 3, "{e}");
