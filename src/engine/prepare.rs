@@ -191,20 +191,22 @@ fn decode_batch(
 }
 
 /// A 64-bit identity of an image value (FNV-1a over its bytes or path;
-/// an embedding's bits through [`ncclean_models::inputs::row_hash`]), so
-/// identical images share an id. Ids live only as long as the run (they
-/// group the captions of one image for `eval --retrieval`). An embedding's
-/// bits went one byte at a time through one FNV chain before, a multiply's
-/// latency per byte: 0.7 s on one core for 200,000 512-d rows; the lanes
-/// vectorise.
+/// an embedding's bits through [`ncclean_models::inputs::row_hash`], whose
+/// lanes vectorise where one FNV chain a byte took 0.7 s on one core for
+/// 200,000 512-d rows), so identical images share an id. Ids live only as
+/// long as the run (they group the captions of one image for
+/// `eval --retrieval`).
 pub fn image_identity(v: &ImageValue) -> u64 {
-    let mut h = ncclean_models::hash::Fnv::default();
+    let fnv = |bytes: &[u8]| {
+        let mut h = ncclean_models::hash::Fnv::default();
+        h.bytes(bytes);
+        h.finish()
+    };
     match v {
-        ImageValue::Bytes(b) => h.bytes(b),
-        ImageValue::Path(p) => h.bytes(p.to_string_lossy().as_bytes()),
-        ImageValue::Embedding(e) => return ncclean_models::inputs::row_hash(e),
+        ImageValue::Bytes(b) => fnv(b),
+        ImageValue::Path(p) => fnv(p.to_string_lossy().as_bytes()),
+        ImageValue::Embedding(e) => ncclean_models::inputs::row_hash(e),
     }
-    h.finish()
 }
 
 /// What one pass over the rows keeps.

@@ -158,50 +158,22 @@ pub fn score_file(
     recorded: Option<&str>,
     rep: &Reporter,
 ) -> Result<FileScored> {
+    if let Some(want) = recorded {
+        warn_if_changed(&input.fingerprint()?, want, engine);
+    }
+    check_outputs(input, out, opts)?;
     // The input's fingerprint (a sha256 of every byte, 0.4 s for 840 MB)
     // goes into the labels' metadata: read beside the scoring on a thread
-    // of its own, unless the warning about changed training data needs it
-    // first.
-    let known = match recorded {
-        Some(want) => {
-            let fingerprint = input.fingerprint()?;
-            warn_if_changed(&fingerprint, want, engine);
-            Some(fingerprint)
-        }
-        None => None,
-    };
-    check_outputs(input, out, opts)?;
+    // of its own (at once when the warning above read it: the input keeps
+    // it).
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
-        let pending = match known {
-            Some(f) => Pending::Known(f),
-            None => Pending::Reading(s.spawn(|| input.fingerprint_unless(&stop))),
-        };
-        let scored = score_file_with(engine, input, out, opts, rep, pending);
+        let fingerprint = s.spawn(|| input.fingerprint_unless(&stop));
+        let scored = score_file_with(engine, input, out, opts, rep, fingerprint);
         // A failed or interrupted score does not wait for the hash.
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         scored
     })
-}
-
-/// The input's fingerprint, known or being read on a thread.
-enum Pending<'s> {
-    Known(String),
-    Reading(std::thread::ScopedJoinHandle<'s, Result<String>>),
-}
-
-impl Pending<'_> {
-    fn get(self) -> Result<String> {
-        match self {
-            Pending::Known(f) => Ok(f),
-            Pending::Reading(h) => h.join().unwrap_or_else(|_| {
-                Err(anyhow::anyhow!(
-                    "reading the input files to fingerprint them stopped unexpectedly"
-                )
-                .into())
-            }),
-        }
-    }
 }
 
 /// [`score_file`] after its checks, with the input's fingerprint pending.
@@ -211,7 +183,7 @@ fn score_file_with(
     out: &Path,
     opts: &ScoreOptions,
     rep: &Reporter,
-    fingerprint: Pending<'_>,
+    fingerprint: std::thread::ScopedJoinHandle<'_, Result<String>>,
 ) -> Result<FileScored> {
     let cache = opts.cache.resolve()?;
     // Both outputs are finished under temporary names, then renamed in
@@ -237,7 +209,12 @@ fn score_file_with(
     let total = scoring.total;
     let metadata = engine.metadata(&LabelsSummary {
         refit: opts.refit,
-        input_fingerprint: fingerprint.get()?,
+        input_fingerprint: fingerprint.join().unwrap_or_else(|_| {
+            Err(
+                anyhow::anyhow!("reading the input files to fingerprint them stopped unexpectedly")
+                    .into(),
+            )
+        })?,
         rows: total.rows,
         skipped: total.skipped,
         cut,

@@ -206,21 +206,23 @@ impl InputSet {
     /// sha256 (hex) over every file's content in order, independent of the
     /// file names, so renaming or moving shards keeps the fingerprint.
     pub fn fingerprint(&self) -> Result<String> {
-        if let Some(f) = self.fingerprint.get() {
-            return Ok(f.clone());
-        }
-        let f = fingerprint_files(self.files.iter().map(|f| f.path.as_path()))?;
-        Ok(self.fingerprint.get_or_init(|| f).clone())
+        self.fingerprint_until(None)
     }
 
     /// [`InputSet::fingerprint`] read on another thread beside other
     /// work: it gives up (an error nobody reads) as soon as `stop` is set,
     /// so work that failed does not wait for every byte to be hashed.
     pub fn fingerprint_unless(&self, stop: &std::sync::atomic::AtomicBool) -> Result<String> {
+        self.fingerprint_until(Some(stop))
+    }
+
+    /// The fingerprint, computed once (until `stop` is set, if given) and
+    /// kept.
+    fn fingerprint_until(&self, stop: Option<&std::sync::atomic::AtomicBool>) -> Result<String> {
         if let Some(f) = self.fingerprint.get() {
             return Ok(f.clone());
         }
-        let f = fingerprint_files_unless(self.files.iter().map(|f| f.path.as_path()), Some(stop))?;
+        let f = fingerprint_files_unless(self.files.iter().map(|f| f.path.as_path()), stop)?;
         Ok(self.fingerprint.get_or_init(|| f).clone())
     }
 
