@@ -229,6 +229,99 @@ fn embedding_only_fit_separates_noise_and_score_reproduces_it() {
     );
 }
 
+/// With image embeddings and no tower named, a text-embedding column beside
+/// them is used too (LAION's `img_emb` + `text_emb`), and the run says so;
+/// naming a text tower keeps the captions; pixels beside a `text_emb`
+/// column still encode their captions unless asked.
+#[test]
+fn image_embeddings_take_the_text_embeddings_beside_them_by_default() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = embedding_pairs(tmp.path(), 16, 12);
+    let quick = [
+        "--method",
+        "vanilla",
+        "--epochs",
+        "8",
+        "--warmup-epochs",
+        "2",
+        "--batch-size",
+        "32",
+    ];
+    let encoders = |run: &Path| -> serde_json::Value {
+        let state: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap())
+                .unwrap();
+        state["encoders"].clone()
+    };
+
+    let run = tmp.path().join("run");
+    let mut args = vec!["fit", p(&data), "--out-dir", p(&run)];
+    args.extend_from_slice(&quick);
+    let out = ncclean(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out)
+            .contains("column \"text_emb\" holds text embeddings, so both are used as given"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(encoders(&run)["image"], "precomputed");
+    assert_eq!(encoders(&run)["text"], "precomputed");
+    let (labels, _) = read_labels(&run.join("labels.parquet")).unwrap();
+    // The column is read, so its null value skips row 5 with the reason.
+    assert_eq!(labels[5].error.as_deref(), Some("text embedding is null"));
+    let auroc = eval_json(&run.join("labels.parquet"), &data)["auroc"]
+        .as_f64()
+        .unwrap();
+    assert!(auroc > 0.9, "AUROC {auroc}");
+    // `score` follows the checkpoint: the same labels.
+    let scored = tmp.path().join("scored.parquet");
+    ok(&[
+        "score",
+        p(&data),
+        "--checkpoint",
+        p(&run),
+        "--out",
+        p(&scored),
+    ]);
+    assert_eq!(read_labels(&scored).unwrap().0, labels);
+
+    // A text tower named: the captions are encoded, the column ignored (its
+    // null value costs no row), nothing said about it.
+    let bow = tmp.path().join("bow");
+    let mut args = vec![
+        "fit",
+        p(&data),
+        "--out-dir",
+        p(&bow),
+        "--text-encoder",
+        "demo-bow",
+    ];
+    args.extend_from_slice(&quick);
+    let out = ncclean(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains("holds text embeddings"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(encoders(&bow)["text"], "demo-bow");
+    let (labels, _) = read_labels(&bow.join("labels.parquet")).unwrap();
+    assert!(labels.iter().all(|l| l.status == RowStatus::Ok));
+
+    // Pixels beside a text-embedding column: the captions, as before.
+    let demo = demo_with_text_emb(tmp.path(), 64);
+    let pixels = tmp.path().join("pixels");
+    let out = common::quick_fit(&demo, &pixels, &["--method", "vanilla"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains("holds text embeddings"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(encoders(&pixels)["text"], "demo-bow");
+}
+
 /// Demo data (pixels) with a `text_emb` column added: a bag of hashed
 /// caption words, so equal captions get equal embeddings.
 fn demo_with_text_emb(dir: &Path, pairs: usize) -> std::path::PathBuf {

@@ -9,7 +9,7 @@ use crate::engine::configure::{self, ConfigFlags};
 use crate::engine::{self, FitOptions};
 use crate::error::{Error, Result};
 use crate::runtime::progress::Reporter;
-use crate::towers::choice::TowerFlags;
+use crate::towers::choice::{self, TowerFlags};
 use crate::towers::encoders::TextEncoder;
 
 use super::threshold::ThresholdArgs;
@@ -136,19 +136,23 @@ pub fn run(a: FitArgs, rep: &Reporter) -> Result<()> {
     if a.encoders.text_encoder == Some(TextEncoder::Precomputed) {
         columns.text_embeddings = TextEmbeddings::Require;
     }
-    let input = a.data.open_options(&columns)?;
+    let mut input = a.data.open_options(&columns)?;
     let e = &a.encoders;
-    let encoders = crate::towers::choice::choose(
-        &input,
-        &TowerFlags {
-            image_encoder: e.image_encoder,
-            text_encoder: e.text_encoder,
-            image_model: e.image_model.clone(),
-            text_model: e.text_model.clone(),
-            tower_dtype: e.tower_dtype,
-        },
-        rep,
-    )?;
+    let flags = TowerFlags {
+        image_encoder: e.image_encoder,
+        text_encoder: e.text_encoder,
+        image_model: e.image_model.clone(),
+        text_model: e.text_model.clone(),
+        tower_dtype: e.tower_dtype,
+    };
+    if let Some(lookup) = choice::text_embedding_lookup(&input, &columns, &flags) {
+        let again = a.data.open_options(&lookup)?;
+        if let Some(column) = &again.columns.text_embedding {
+            rep.info(&choice::text_embedding_line(column));
+            input = again;
+        }
+    }
+    let encoders = choice::choose(&input, &flags, rep)?;
     let config = configure::resolve(&config_flags, encoders.towers(), rep)?;
     let opts = FitOptions {
         encoders,

@@ -320,8 +320,10 @@ pub struct EncoderArgs {
     /// MobileNetV2 + MiniLM (`ncclean towers`); else demo-cnn).
     #[arg(long, value_enum)]
     pub image_encoder: Option<crate::towers::encoders::ImageEncoder>,
-    /// Text tower (default: precomputed when --text-emb-col is given; the
-    /// installed pretrained one with the image tower's, as above; else demo-bow).
+    /// Text tower (default: precomputed when --text-emb-col is given, or when
+    /// the images are embeddings and a text-embedding column is found beside
+    /// them; the installed pretrained one with the image tower's, as above;
+    /// else demo-bow).
     #[arg(long, value_enum)]
     pub text_encoder: Option<crate::towers::encoders::TextEncoder>,
     /// Image tower weights: MobileNetV2 model.safetensors, or a CLIP model directory / hub id.

@@ -2,7 +2,7 @@
 //! named and the data holds photos, the pretrained towers installed here
 //! (the toy towers would learn little from photos; the run says so).
 
-use crate::data::{ImageKind, ImageValue, InputSet};
+use crate::data::{ColumnOptions, ImageKind, ImageValue, InputSet, TextEmbeddings};
 use crate::error::Result;
 use crate::runtime::progress::Reporter;
 use crate::towers::encoders::{EncoderSpec, ImageEncoder, TextEncoder, TowerDtype};
@@ -69,6 +69,39 @@ pub fn choose(input: &InputSet, flags: &TowerFlags, rep: &Reporter) -> Result<En
         }
     }
     Ok(encoders)
+}
+
+/// The column options that also look for a text-embedding column, when
+/// `input` (opened with `opts`) holds image embeddings and no tower is
+/// named: LAION- and DataComp-style files carry the caption's embedding from
+/// the same model beside the image's (`text_emb`, `l14_txt`), and encoding
+/// the captions with the toy bag-of-words tower instead would throw away
+/// the half of the pair that is already in the images' space. `None` when
+/// the text side is already decided (a tower or `--text-emb-col` named,
+/// images that are not embeddings); the caller opens the input again with
+/// the options and keeps it when a column was found.
+pub fn text_embedding_lookup(
+    input: &InputSet,
+    opts: &ColumnOptions,
+    flags: &TowerFlags,
+) -> Option<ColumnOptions> {
+    let undecided = flags.text_encoder.is_none()
+        && flags.text_model.is_none()
+        && matches!(flags.image_encoder, None | Some(ImageEncoder::Precomputed))
+        && opts.text_emb_col.is_none()
+        && opts.text_embeddings == TextEmbeddings::Ignore;
+    (undecided && input.columns.image_kind == ImageKind::Embedding).then(|| ColumnOptions {
+        text_embeddings: TextEmbeddings::IfPresent,
+        ..opts.clone()
+    })
+}
+
+/// What the run says when [`text_embedding_lookup`] found `column`.
+pub fn text_embedding_line(column: &str) -> String {
+    format!(
+        "towers: the images are embeddings and column \"{column}\" holds text embeddings, so both \
+         are used as given (--text-encoder demo-bow or minilm encodes the captions instead)"
+    )
 }
 
 /// The size of the first image when it looks like a photo (JPEG or WebP,

@@ -463,13 +463,24 @@ pub fn resolve_columns(file: &Path, schema: &Schema, opts: &ColumnOptions) -> Re
         (Some(name), _) => explicit(file, schema, name, Role::Caption)?,
         (None, Some((p, names))) => from_preset(file, schema, *p, names.caption, Role::Caption)?,
         (None, None) => detect_caption(schema).ok_or_else(|| {
-            none_found(
+            let e = none_found(
                 file,
                 schema,
                 Role::Caption,
                 &format!("string columns {}", CAPTION_NAMES.join("/")),
                 CAPTION_NAMES,
-            )
+            );
+            // Embedding-only files (img_emb + text_emb) have the text side
+            // already, so say why a caption is still asked for.
+            match detect(schema, TEXT_EMBEDDING_NAMES, is_float_list) {
+                Some(t) => invalid(format!(
+                    "{e} The text embeddings in \"{}\" do not replace it: labels, filters and \
+                     the report show each pair's caption. A file without captions can name any \
+                     string column (its key, say) with --caption-col.",
+                    t.name()
+                )),
+                None => e,
+            }
         })?,
     };
     // A key is optional: a preset's key name that is absent falls back to

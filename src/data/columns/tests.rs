@@ -419,3 +419,35 @@ fn a_detected_name_of_the_wrong_type_is_named_with_its_type() {
         "{e}"
     );
 }
+
+#[test]
+fn a_file_of_embeddings_without_captions_is_told_why_a_caption_is_needed() {
+    let emb = DataType::List(Arc::new(Field::new("item", DataType::Float32, true)));
+    let schema = Schema::new(vec![
+        Field::new("key", DataType::Utf8, true),
+        Field::new("img_emb", emb.clone(), true),
+        Field::new("text_emb", emb, true),
+    ]);
+    let e = resolve_columns(Path::new("x.parquet"), &schema, &ColumnOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no caption column found"), "{e}");
+    assert!(
+        e.contains("The text embeddings in \"text_emb\" do not replace it"),
+        "{e}"
+    );
+    assert!(e.contains("--caption-col"), "{e}");
+    // Without text embeddings the message is the plain one.
+    let schema = Schema::new(vec![Field::new(
+        "img_emb",
+        DataType::List(Arc::new(Field::new("item", DataType::Float32, true))),
+        true,
+    )]);
+    let e = resolve_columns(Path::new("x.parquet"), &schema, &ColumnOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no caption column found") && !e.contains("do not replace it"),
+        "{e}"
+    );
+}
