@@ -37,8 +37,10 @@
 //!
 //! The calibration is fitted on pairs held out of training (whole images,
 //! `runner::calibration_pairs`), which behave as new pairs do. Pairs the
-//! networks trained on are read at their quantile among the trained pairs
-//! ([`trained`]), so memorisation does not make them look cleaner.
+//! networks trained on are told from random pairings among themselves,
+//! moved up by what memorisation adds to a mismatched pair, or else read
+//! at their quantile among the trained pairs ([`trained`]), so
+//! memorisation does not make them look cleaner.
 //!
 //! Everything is fitted once at the end of `fit` and kept in the
 //! checkpoint, so a pair's `clean_prob` depends on the pair and the
@@ -185,17 +187,12 @@ impl Calibration {
             pairs: pos.len(),
             negatives: neg.len(),
         };
-        let u: Vec<f64> = pos.iter().chain(&neg).map(|x| cal.score_row(x)).collect();
-        let label: Vec<bool> = (0..u.len()).map(|i| i < pos.len()).collect();
+        let u_pos: Vec<f64> = pos.iter().map(|x| cal.score_row(x)).collect();
+        let u_neg: Vec<f64> = neg.iter().map(|x| cal.score_row(x)).collect();
         // Both kinds weigh one half in all: the fit estimates the density
         // ratio, whatever the numbers drawn.
-        let (np, nn) = (pos.len() as f64, neg.len() as f64);
-        let weight: Vec<f64> = label
-            .iter()
-            .map(|&l| if l { 0.5 / np } else { 0.5 / nn })
-            .collect();
-        cal.isotonic = Isotonic::fit(&u, &label, &weight, BINS);
-        cal.noise = estimate_noise(&u[..pos.len()], &u[pos.len()..]);
+        cal.isotonic = Calibration::density_ratio_fit(&u_pos, &u_neg);
+        cal.noise = estimate_noise(&u_pos, &u_neg);
         Some(cal)
     }
 
@@ -250,13 +247,41 @@ impl Calibration {
 
     /// The clean probability at score `u` ([`Calibration::score`]).
     pub fn clean_prob_at(&self, u: f64) -> f32 {
+        self.clean_prob_through(&self.isotonic, u)
+    }
+
+    /// The clean probability at score `u` with another fit of
+    /// P(observed | u) (the trained pairs' own: [`trained`]) and this
+    /// calibration's noise share.
+    pub fn clean_prob_through(&self, isotonic: &Isotonic, u: f64) -> f32 {
         if !u.is_finite() {
             return 0.0;
         }
-        let g = self.isotonic.at(u);
+        let g = isotonic.at(u);
         let ratio = (1.0 - g) / g.max(1e-12);
         let p = (1.0 - self.noise * ratio).clamp(0.0, 1.0);
         ((1.0 - ORDER_SHARE) * p + ORDER_SHARE * sigmoid(u)) as f32
+    }
+
+    /// P(observed | u) fitted on pairs' scores against random pairings'
+    /// (NaN scores left out), both kinds weighing one half in all: the
+    /// density ratio behind [`Calibration::clean_prob_at`].
+    pub fn density_ratio_fit(pairs: &[f64], pairings: &[f64]) -> Isotonic {
+        let finite = |v: &[f64]| {
+            v.iter()
+                .copied()
+                .filter(|x| x.is_finite())
+                .collect::<Vec<_>>()
+        };
+        let (pos, neg) = (finite(pairs), finite(pairings));
+        let u: Vec<f64> = pos.iter().chain(&neg).copied().collect();
+        let label: Vec<bool> = (0..u.len()).map(|i| i < pos.len()).collect();
+        let (np, nn) = (pos.len() as f64, neg.len() as f64);
+        let weight: Vec<f64> = label
+            .iter()
+            .map(|&l| if l { 0.5 / np } else { 0.5 / nn })
+            .collect();
+        Isotonic::fit(&u, &label, &weight, BINS)
     }
 
     /// Clean probabilities of many pairs.

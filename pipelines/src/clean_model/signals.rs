@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor};
 use ncclean_models::rng::Rng;
 use ncclean_models::PairInputs;
 
-use super::trained::{pair_hash, TrainedPairs};
+use super::trained::{pair_hash, OwnRatio, TrainedPairs};
 use super::{Calibration, Reference, Signals, MAX_NEGATIVES, MIN_PAIRS};
 use crate::error::Result;
 use crate::net::Net;
@@ -199,11 +199,19 @@ impl CleanModel {
         let cal = &self.calibration;
         let weights = own_weights(&t, &pairings).unwrap_or(cal.weights);
         let scores = cal.scores_weighted(&t, weights);
+        let held_scores = cal.scores(held);
+        let own = OwnRatio::fit(
+            &scores,
+            &cal.scores_weighted(&pairings, weights),
+            cal,
+            &held_scores,
+        );
         Ok(TrainedPairs::new(
             t.hashes.clone(),
             &scores,
-            &cal.scores(held),
+            &held_scores,
             Some(weights),
+            own,
             MIN_PAIRS,
         ))
     }
@@ -280,8 +288,9 @@ impl CleanModel {
     }
 
     /// Clean probabilities from pairs' signals: a pair the networks
-    /// trained on is read at its quantile among the trained pairs
-    /// ([`super::trained`]), any other through the calibration directly.
+    /// trained on is read through the trained pairs' own density ratio, or
+    /// else at its quantile among the trained pairs ([`super::trained`]);
+    /// any other through the calibration directly.
     pub fn clean_probs_of(&self, s: &Signals) -> Vec<f32> {
         let cal = &self.calibration;
         let Some(trained) = &self.trained else {
@@ -293,7 +302,11 @@ impl CleanModel {
                 match s.hashes.get(i) {
                     Some(&h) if trained.contains(h) && a.is_finite() && b.is_finite() => {
                         let w = trained.weights.unwrap_or(cal.weights);
-                        cal.clean_prob_at(trained.held_out_score(cal.score_with(w, a, b)))
+                        let u = cal.score_with(w, a, b);
+                        match &trained.own {
+                            Some(own) => cal.clean_prob_through(&own.isotonic, u),
+                            None => cal.clean_prob_at(trained.held_out_score(u)),
+                        }
                     }
                     _ => cal.clean_prob(a, b),
                 }
@@ -458,7 +471,7 @@ mod tests {
             negatives: 100,
         };
         let grid: Vec<f64> = (0..=100).map(|i| f64::from(i) / 50.0 - 1.0).collect();
-        let trained = TrainedPairs::new(vec![1, 2], &grid, &grid, Some([1.0, 0.0]), 10);
+        let trained = TrainedPairs::new(vec![1, 2], &grid, &grid, Some([1.0, 0.0]), None, 10);
         let model = CleanModel {
             calibration,
             reference: Reference {
