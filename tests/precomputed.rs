@@ -106,15 +106,23 @@ fn embedding_pairs(dir: &Path, img_dim: usize, txt_dim: usize) -> std::path::Pat
 }
 
 fn fit(data: &Path, run: &Path, extra: &[&str]) -> std::process::Output {
+    let mut towers = vec![
+        "--image-encoder",
+        "precomputed",
+        "--text-encoder",
+        "precomputed",
+    ];
+    towers.extend_from_slice(extra);
+    fit_quick(data, run, &towers)
+}
+
+/// A short vanilla fit with only `extra` (towers included) beyond it.
+fn fit_quick(data: &Path, run: &Path, extra: &[&str]) -> std::process::Output {
     let mut args = vec![
         "fit",
         p(data),
         "--out-dir",
         p(run),
-        "--image-encoder",
-        "precomputed",
-        "--text-encoder",
-        "precomputed",
         "--method",
         "vanilla",
         "--epochs",
@@ -126,6 +134,25 @@ fn fit(data: &Path, run: &Path, extra: &[&str]) -> std::process::Output {
     ];
     args.extend_from_slice(extra);
     ncclean(&args)
+}
+
+/// The run's checkpoint state.
+fn state(run: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap()).unwrap()
+}
+
+/// The labels `score` writes for `data` with the run's checkpoint.
+fn rescored(data: &Path, run: &Path) -> Vec<ncclean::data::LabelRow> {
+    let scored = run.with_extension("scored.parquet");
+    ok(&[
+        "score",
+        p(data),
+        "--checkpoint",
+        p(run),
+        "--out",
+        p(&scored),
+    ]);
+    read_labels(&scored).unwrap().0
 }
 
 fn stderr(out: &std::process::Output) -> String {
@@ -156,8 +183,7 @@ fn embedding_only_fit_separates_noise_and_score_reproduces_it() {
     assert!(auroc > 0.9, "AUROC {auroc} (chance is 0.5): {m}");
 
     // The checkpoint records the text side: encoder, column, width.
-    let state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap()).unwrap();
+    let state = state(&run);
     assert_eq!(state["encoders"]["text"], "precomputed");
     assert_eq!(state["columns"]["text_embedding"], "text_emb");
     assert_eq!(state["model"]["text"]["kind"], "precomputed");
@@ -165,16 +191,7 @@ fn embedding_only_fit_separates_noise_and_score_reproduces_it() {
 
     // `score` finds the column by the checkpoint's name and reproduces
     // fit's labels exactly.
-    let scored = tmp.path().join("scored.parquet");
-    ok(&[
-        "score",
-        p(&data),
-        "--checkpoint",
-        p(&run),
-        "--out",
-        p(&scored),
-    ]);
-    assert_eq!(read_labels(&scored).unwrap().0, labels);
+    assert_eq!(rescored(&data, &run), labels);
 
     // Data without the column: invalid input (exit 3) naming it.
     let bare = tmp.path().join("bare.parquet");
@@ -237,27 +254,10 @@ fn embedding_only_fit_separates_noise_and_score_reproduces_it() {
 fn image_embeddings_take_the_text_embeddings_beside_them_by_default() {
     let tmp = tempfile::tempdir().unwrap();
     let data = embedding_pairs(tmp.path(), 16, 12);
-    let quick = [
-        "--method",
-        "vanilla",
-        "--epochs",
-        "8",
-        "--warmup-epochs",
-        "2",
-        "--batch-size",
-        "32",
-    ];
-    let encoders = |run: &Path| -> serde_json::Value {
-        let state: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap())
-                .unwrap();
-        state["encoders"].clone()
-    };
+    let encoders = |run: &Path| state(run)["encoders"].clone();
 
     let run = tmp.path().join("run");
-    let mut args = vec!["fit", p(&data), "--out-dir", p(&run)];
-    args.extend_from_slice(&quick);
-    let out = ncclean(&args);
+    let out = fit_quick(&data, &run, &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         stderr(&out)
@@ -275,30 +275,12 @@ fn image_embeddings_take_the_text_embeddings_beside_them_by_default() {
         .unwrap();
     assert!(auroc > 0.9, "AUROC {auroc}");
     // `score` follows the checkpoint: the same labels.
-    let scored = tmp.path().join("scored.parquet");
-    ok(&[
-        "score",
-        p(&data),
-        "--checkpoint",
-        p(&run),
-        "--out",
-        p(&scored),
-    ]);
-    assert_eq!(read_labels(&scored).unwrap().0, labels);
+    assert_eq!(rescored(&data, &run), labels);
 
     // A text tower named: the captions are encoded, the column ignored (its
     // null value costs no row), nothing said about it.
     let bow = tmp.path().join("bow");
-    let mut args = vec![
-        "fit",
-        p(&data),
-        "--out-dir",
-        p(&bow),
-        "--text-encoder",
-        "demo-bow",
-    ];
-    args.extend_from_slice(&quick);
-    let out = ncclean(&args);
+    let out = fit_quick(&data, &bow, &["--text-encoder", "demo-bow"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         !stderr(&out).contains("holds text embeddings"),
@@ -381,8 +363,7 @@ fn pixels_train_beside_precomputed_text() {
         &["--text-encoder", "precomputed", "--method", "vanilla"],
     );
     assert!(out.status.success(), "{}", stderr(&out));
-    let state: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(run.join("checkpoint/state.json")).unwrap()).unwrap();
+    let state = state(&run);
     assert_eq!(
         state["model"]["image"]["kind"], "demo_cnn",
         "{}",

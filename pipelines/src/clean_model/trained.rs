@@ -111,12 +111,24 @@ pub struct OwnRatio {
 /// measured 1.38, and a cut asked for 0.95 precision kept 0.909.
 pub const MAX_WIDENING: f64 = 1.2;
 
-/// The value at probability `p` of sorted `v` (linear interpolation
-/// between order statistics, as [`quantiles`]); `v` non-empty.
-fn quantile_at(v: &[f64], p: f64) -> f64 {
-    let pos = (v.len() - 1) as f64 * p.clamp(0.0, 1.0);
+/// The finite values of `v`, sorted.
+fn sorted_finite(v: &[f64]) -> Vec<f64> {
+    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    s.sort_by(f64::total_cmp);
+    s
+}
+
+/// The value of sorted `v` at fractional index `pos` in `[0, len − 1]`:
+/// linear interpolation between the order statistics either side.
+fn at_position(v: &[f64], pos: f64) -> f64 {
     let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
     v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+}
+
+/// The value at probability `p` of sorted `v` (as [`quantiles`]); `v`
+/// non-empty.
+fn quantile_at(v: &[f64], p: f64) -> f64 {
+    at_position(v, (v.len() - 1) as f64 * p.clamp(0.0, 1.0))
 }
 
 /// How the mismatched pairs among `trained` score against random pairings
@@ -136,12 +148,7 @@ fn quantile_at(v: &[f64], p: f64) -> f64 {
 /// 0.27, scale 1.03 / 1.02 / 1.04 there). None without two such points, or
 /// when the line does not rise.
 pub fn memorisation_map(trained: &[f64], pairings: &[f64], noise: f64) -> Option<(f64, f64)> {
-    let sorted = |v: &[f64]| {
-        let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-        s.sort_by(f64::total_cmp);
-        s
-    };
-    let (t, p) = (sorted(trained), sorted(pairings));
+    let (t, p) = (sorted_finite(trained), sorted_finite(pairings));
     if t.is_empty() || p.is_empty() || noise.is_nan() || noise <= 0.0 {
         return None;
     }
@@ -227,11 +234,10 @@ impl OwnRatio {
 /// (linear interpolation between order statistics); empty for no finite
 /// score.
 pub fn quantiles(scores: &[f64], k: usize) -> Vec<f64> {
-    let mut v: Vec<f64> = scores.iter().copied().filter(|x| x.is_finite()).collect();
+    let v = sorted_finite(scores);
     if v.is_empty() || k == 0 {
         return Vec::new();
     }
-    v.sort_by(f64::total_cmp);
     let last = (v.len() - 1) as f64;
     (0..k)
         .map(|j| {
@@ -240,9 +246,7 @@ pub fn quantiles(scores: &[f64], k: usize) -> Vec<f64> {
             } else {
                 last * j as f64 / (k - 1) as f64
             };
-            let lo = pos.floor() as usize;
-            let hi = pos.ceil() as usize;
-            v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+            at_position(&v, pos)
         })
         .collect()
 }
