@@ -15,7 +15,8 @@ use ncclean_models::rng::Rng;
 use ncclean_models::{ModelConfig, PairInputs};
 
 use crate::batches::shuffled_batches;
-use crate::clean_model::signals::CleanModel;
+use crate::clean_model::null::CaptionNull;
+use crate::clean_model::signals::{CleanModel, FitOptions};
 use crate::clean_model::trained::{SavedQuantiles, TrainedPairs};
 use crate::clean_model::Reference;
 use crate::config::{CleanProbSource, TrainConfig};
@@ -35,6 +36,12 @@ const REFERENCE_PROJECTION: &str = "clean_model.reference.projection";
 /// Name of the trained pairs' hashes ([`TrainedPairs::hash_array`]).
 const TRAINED_HASHES: &str = "clean_model.trained.hashes";
 
+/// Name of network k's bank of the caption null
+/// ([`crate::clean_model::null::CaptionNull`]).
+fn null_bank_name(k: usize) -> String {
+    format!("clean_model.null.net{k}")
+}
+
 /// The clean model from its JSON state and its reference arrays, checked
 /// for consistent sizes.
 fn load_clean_model(
@@ -51,6 +58,10 @@ fn load_clean_model(
         /// apart: every pair is then read as a new one.
         #[serde(default)]
         trained_quantiles: Option<SavedQuantiles>,
+        /// Width of the caption null's bank; absent in checkpoints from
+        /// before it (their similarity signal is the plain similarity).
+        #[serde(default)]
+        null_dim: Option<usize>,
     }
     let bad = |what: String| Error::State(format!("checkpoint's clean model: {what}"));
     let saved: Saved = serde_json::from_value(v.clone()).map_err(|e| bad(e.to_string()))?;
@@ -101,9 +112,25 @@ fn load_clean_model(
         (None, None) => None,
         _ => return Err(bad("trained pairs without their quantiles or hashes".into())),
     };
+    let null = match saved.null_dim {
+        None => None,
+        Some(dim) => {
+            let mut banks = Vec::new();
+            while let Some(a) = pairs.remove(&null_bank_name(banks.len())) {
+                banks.push(a);
+            }
+            let count = banks.len();
+            Some(CaptionNull::new(banks, dim).ok_or_else(|| {
+                bad(format!(
+                    "the caption null's {count} bank(s) do not fit a width of {dim}"
+                ))
+            })?)
+        }
+    };
     Ok(CleanModel {
         calibration: saved.calibration,
         reference,
+        null,
         neighbours: saved.neighbours,
         trained,
     })
@@ -684,8 +711,11 @@ impl<M: Method> Pipeline for Runner<M> {
                     data,
                     &weights,
                     &held,
-                    self.cfg.reference_neighbours,
-                    self.cfg.reference_images,
+                    FitOptions {
+                        neighbours: self.cfg.reference_neighbours,
+                        max_images: self.cfg.reference_images,
+                        caption_null: self.cfg.caption_null,
+                    },
                     &mut self.streams.named("clean model"),
                 )?
             }
@@ -789,6 +819,7 @@ impl<M: Method> Pipeline for Runner<M> {
                     weights: t.weights,
                     own: t.own.clone(),
                 }),
+                "null_dim": m.null.as_ref().map(|n| n.dim),
             })),
         })
     }
@@ -809,6 +840,11 @@ impl<M: Method> Pipeline for Runner<M> {
             }
             if let Some(t) = &m.trained {
                 out.push((TRAINED_HASHES.into(), t.hash_array()));
+            }
+            if let Some(n) = &m.null {
+                for (k, bank) in n.images.iter().enumerate() {
+                    out.push((null_bank_name(k), bank.clone()));
+                }
             }
         }
         out

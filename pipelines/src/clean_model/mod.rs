@@ -9,7 +9,9 @@
 //! captions worse than the trained similarity alone.
 //!
 //! This model scores each pair from two signals of the pair alone:
-//! - the trained **similarity** of image and caption (the networks' mean);
+//! - the trained **similarity** of image and caption (the networks' mean;
+//!   with `caption_null`, read against the caption's own similarities
+//!   with a bank of training images, [`null`]);
 //! - the **neighbourhood** score ([`mod@reference`]): the caption against the
 //!   captions of the training images that look most like the pair's image.
 //!
@@ -48,6 +50,7 @@
 //! number.
 
 pub mod isotonic;
+pub mod null;
 pub mod reference;
 pub mod signals;
 pub mod trained;
@@ -90,7 +93,9 @@ pub const NOISE_QUANTILES: &[f64] = &[0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5];
 /// The two signals of some pairs.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Signals {
-    /// Trained similarity of each pair.
+    /// The similarity signal of each pair: its trained similarity, or
+    /// that as a z-score against its caption's null where the model has
+    /// one ([`null`]).
     pub similarity: Vec<f32>,
     /// Neighbourhood score of each pair ([`Reference::score`]).
     pub neighbourhood: Vec<f32>,

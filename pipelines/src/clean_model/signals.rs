@@ -9,6 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use ncclean_models::rng::Rng;
 use ncclean_models::PairInputs;
 
+use super::null::{CaptionNull, BANK};
 use super::trained::{pair_hash, OwnRatio, TrainedPairs};
 use super::{Calibration, Reference, Signals, MAX_NEGATIVES, MIN_PAIRS};
 use crate::error::Result;
@@ -47,6 +48,10 @@ pub struct CleanModel {
     pub calibration: Calibration,
     /// The reference images of the neighbourhood score.
     pub reference: Reference,
+    /// The bank each caption's similarity is scored against
+    /// ([`super::null`]); None in checkpoints from before it, whose
+    /// similarity signal is the plain similarity.
+    pub null: Option<CaptionNull>,
     /// Reference images each pair is compared with.
     pub neighbours: usize,
     /// The pairs the networks trained on, whose scores are read as
@@ -115,6 +120,80 @@ fn similarity_of(joint: &[(Tensor, Tensor)], a: &[u32], b: &[u32]) -> Result<Vec
     }
 }
 
+/// The similarity signal of pairs whose similarities are `similarity`:
+/// their z-scores against their captions' null ([`CaptionNull`]) where
+/// there is one (`captions[k]`: the pairs' caption embeddings under
+/// network k), else the similarities themselves.
+fn similarity_signal(
+    null: Option<&CaptionNull>,
+    similarity: Vec<f32>,
+    captions: &[Tensor],
+) -> Result<Vec<f32>> {
+    match null {
+        Some(null) => null.z_scores(&similarity, captions),
+        None => Ok(similarity),
+    }
+}
+
+/// The caption embeddings of `emb` (one `(images, captions)` per network).
+fn captions_of(emb: &[(Tensor, Tensor)]) -> Vec<Tensor> {
+    emb.iter().map(|(_, t)| t.clone()).collect()
+}
+
+/// The bank of the caption null: the joint image embeddings, under every
+/// network, of at most [`BANK`] distinct images of the pairs outside
+/// `held_out`, evenly spaced in their order (no random draw, so the rest
+/// of the fit draws as before). `image_of[i]`: pair i's distinct image.
+fn caption_null(
+    nets: &[Net],
+    data: &PairInputs,
+    image_of: &[u32],
+    held_out: &[usize],
+) -> Result<Option<CaptionNull>> {
+    let distinct = image_of.iter().map(|&g| g as usize + 1).max().unwrap_or(0);
+    let mut first = vec![usize::MAX; distinct];
+    for (i, &g) in image_of.iter().enumerate().rev() {
+        first[g as usize] = i;
+    }
+    let mut held = vec![false; distinct];
+    for &i in held_out {
+        held[image_of[i] as usize] = true;
+    }
+    let pool: Vec<usize> = (0..distinct)
+        .filter(|&g| !held[g] && first[g] != usize::MAX)
+        .map(|g| first[g])
+        .collect();
+    if pool.len() < 2 {
+        return Ok(None);
+    }
+    let m = pool.len().min(BANK);
+    let bank: Vec<usize> = (0..m).map(|j| pool[j * pool.len() / m]).collect();
+    let emb = joint(nets, data, &bank)?;
+    let dim = emb[0].0.dim(1)?;
+    let images = emb
+        .iter()
+        .map(|(i, _)| -> Result<Vec<f32>> {
+            Ok(i.to_device(&Device::Cpu)?
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1()?)
+        })
+        .collect::<Result<Vec<Vec<f32>>>>()?;
+    Ok(CaptionNull::new(images, dim))
+}
+
+/// How the clean model is fitted ([`CleanModel::fit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FitOptions {
+    /// Reference images each pair's caption is compared with.
+    pub neighbours: usize,
+    /// Most distinct training images kept as the reference.
+    pub max_images: usize,
+    /// Score the similarity against each caption's null
+    /// ([`super::null`]).
+    pub caption_null: bool,
+}
+
 impl CleanModel {
     /// Fit on the training pairs: the reference from at most `max_images`
     /// of their distinct images (a seeded sample beyond that), each caption
@@ -128,10 +207,14 @@ impl CleanModel {
         data: &PairInputs,
         weights: &[f32],
         calibration_pairs: &[usize],
-        neighbours: usize,
-        max_images: usize,
+        options: FitOptions,
         rng: &mut Rng,
     ) -> Result<Option<CleanModel>> {
+        let FitOptions {
+            neighbours,
+            max_images,
+            caption_null: with_null,
+        } = options;
         let n = data.len();
         if n == 0 || nets.is_empty() {
             return Ok(None);
@@ -154,8 +237,13 @@ impl CleanModel {
             Reference::build(&host(&pi)?, &host(&pt)?, &of, weights, &keep, dims)
                 .compress(super::reference::SEARCH_DIM)?
         };
+        let null = if with_null {
+            caption_null(nets, data, &of, calibration_pairs)?
+        } else {
+            None
+        };
         let Some((calibration, held)) = calibrate_on(
-            &reference,
+            (&reference, null.as_ref()),
             neighbours,
             nets,
             data,
@@ -169,6 +257,7 @@ impl CleanModel {
         let mut model = CleanModel {
             calibration,
             reference,
+            null,
             neighbours,
             trained: None,
         };
@@ -247,7 +336,15 @@ impl CleanModel {
             let emb = joint(nets, data, &pool)?;
             let (pi, pt) = pooled(nets, data, &pool)?;
             let images: Vec<u32> = pool.iter().map(|&i| image_of[i]).collect();
-            let s = pairings_with(reference, k, &emb, (&pi, &pt), &images, count, rng)?;
+            let s = pairings_with(
+                (reference, self.null.as_ref()),
+                k,
+                &emb,
+                (&pi, &pt),
+                &images,
+                count,
+                rng,
+            )?;
             all.similarity.extend(s.similarity);
             all.neighbourhood.extend(s.neighbourhood);
         }
@@ -264,10 +361,19 @@ impl CleanModel {
     ) -> Result<Option<CleanModel>> {
         let all: Vec<usize> = (0..data.len()).collect();
         let (_, of) = data.images.distinct();
-        let fitted = calibrate_on(&self.reference, self.neighbours, nets, data, &all, &of, rng)?;
+        let fitted = calibrate_on(
+            (&self.reference, self.null.as_ref()),
+            self.neighbours,
+            nets,
+            data,
+            &all,
+            &of,
+            rng,
+        )?;
         Ok(fitted.map(|(calibration, _)| CleanModel {
             calibration,
             reference: self.reference.clone(),
+            null: self.null.clone(),
             neighbours: self.neighbours,
             // Fitted on these pairs themselves: nothing to read apart.
             trained: None,
@@ -287,7 +393,12 @@ impl CleanModel {
         for chunk in idx.chunks(CHUNK * 8) {
             let emb = joint(nets, data, chunk)?;
             let local: Vec<u32> = (0..chunk.len() as u32).collect();
-            similarity.extend(similarity_of(&emb, &local, &local)?);
+            let s = similarity_of(&emb, &local, &local)?;
+            similarity.extend(similarity_signal(
+                self.null.as_ref(),
+                s,
+                &captions_of(&emb),
+            )?);
         }
         let (neighbourhood, hashes) = self.neighbourhood_of(nets, data, idx, true)?;
         Ok(Signals {
@@ -373,8 +484,20 @@ impl CleanModel {
         let all: Vec<usize> = (0..data.len()).collect();
         let (neighbourhood, hashes) =
             self.neighbourhood_of(nets, data, &all, self.trained.is_some())?;
+        let similarity = match &self.null {
+            None => similarity.to_vec(),
+            Some(null) => {
+                let mut z = Vec::with_capacity(all.len());
+                for chunk in all.chunks(CHUNK * 8) {
+                    let captions = caption_embeddings(nets, data, chunk)?;
+                    let given = similarity[chunk[0]..chunk[0] + chunk.len()].to_vec();
+                    z.extend(null.z_scores(&given, &captions)?);
+                }
+                z
+            }
+        };
         let signals = Signals {
-            similarity: similarity.to_vec(),
+            similarity,
             neighbourhood,
             hashes,
         };
@@ -382,11 +505,28 @@ impl CleanModel {
     }
 }
 
+/// Joint-space caption embeddings of pairs `idx`, one `[n, dim]` tensor
+/// per network.
+fn caption_embeddings(nets: &[Net], data: &PairInputs, idx: &[usize]) -> Result<Vec<Tensor>> {
+    nets.iter()
+        .map(|net| {
+            let mut ts = Vec::new();
+            for chunk in idx.chunks(CHUNK) {
+                let t = net
+                    .model
+                    .embed_texts(&data.texts.batch(chunk, net.device())?)?;
+                ts.push(t.detach());
+            }
+            Ok(Tensor::cat(&ts, 0)?)
+        })
+        .collect()
+}
+
 /// The calibration of `reference` fitted on pairs `idx` of `data` against
 /// random pairings among them (`image_of[i]`: pair i's distinct image),
 /// with the pairs' own signals; the pairs are embedded once for both.
 fn calibrate_on(
-    reference: &Reference,
+    (reference, null): (&Reference, Option<&CaptionNull>),
     neighbours: usize,
     nets: &[Net],
     data: &PairInputs,
@@ -402,13 +542,25 @@ fn calibrate_on(
     let (pi, pt) = pooled(nets, data, idx)?;
     let local: Vec<u32> = (0..n as u32).collect();
     let observed = Signals {
-        similarity: similarity_of(&emb, &local, &local)?,
+        similarity: similarity_signal(
+            null,
+            similarity_of(&emb, &local, &local)?,
+            &captions_of(&emb),
+        )?,
         neighbourhood: reference.score(&pi, &pt, neighbours)?,
         hashes: Vec::new(),
     };
     let images: Vec<u32> = idx.iter().map(|&i| image_of[i]).collect();
     let count = (n * 20).min(MAX_NEGATIVES);
-    let pairings = pairings_with(reference, neighbours, &emb, (&pi, &pt), &images, count, rng)?;
+    let pairings = pairings_with(
+        (reference, null),
+        neighbours,
+        &emb,
+        (&pi, &pt),
+        &images,
+        count,
+        rng,
+    )?;
     Ok(Calibration::fit(&observed, &pairings).map(|c| (c, observed)))
 }
 
@@ -443,7 +595,7 @@ fn pairing_pools(n: usize) -> Vec<(Range<usize>, usize)> {
 /// same image), from the pairs' joint embeddings and pooled features (row
 /// i for pair i).
 fn pairings_with(
-    reference: &Reference,
+    (reference, null): (&Reference, Option<&CaptionNull>),
     neighbours: usize,
     emb: &[(Tensor, Tensor)],
     pooled: (&Tensor, &Tensor),
@@ -471,8 +623,19 @@ fn pairings_with(
     let dev = pi.device();
     let ia = Tensor::from_slice(&a, a.len(), dev)?;
     let ib = Tensor::from_slice(&b, b.len(), dev)?;
+    let similarity = similarity_of(emb, &a, &b)?;
+    let similarity = match null {
+        Some(_) => {
+            let captions = emb
+                .iter()
+                .map(|(_, t)| t.index_select(&ib, 0))
+                .collect::<candle_core::Result<Vec<Tensor>>>()?;
+            similarity_signal(null, similarity, &captions)?
+        }
+        None => similarity,
+    };
     Ok(Signals {
-        similarity: similarity_of(emb, &a, &b)?,
+        similarity,
         neighbourhood: reference.score(
             &pi.index_select(&ia, 0)?,
             &pt.index_select(&ib, 0)?,
@@ -594,6 +757,7 @@ mod tests {
                 text_dim: 1,
                 projection: Vec::new(),
             },
+            null: None,
             neighbours: 1,
             trained,
         };
