@@ -72,8 +72,7 @@ fn list(rows: &[Option<Vec<f32>>]) -> ArrayRef {
 fn embedding_pairs(dir: &Path, img_dim: usize, txt_dim: usize) -> std::path::PathBuf {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let map: Vec<Vec<f32>> = (0..txt_dim).map(|_| rng.vec(img_dim)).collect();
-    let (mut img, mut txt, mut keys, mut caps, mut noisy) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut img, mut txt, mut noisy) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..PAIRS {
         let z = rng.vec(img_dim);
         let view: Vec<f32> = z.iter().map(|x| x + 0.1 * rng.next()).collect();
@@ -87,22 +86,32 @@ fn embedding_pairs(dir: &Path, img_dim: usize, txt_dim: usize) -> std::path::Pat
         };
         img.push(Some(view));
         txt.push((i != 5).then_some(t));
-        keys.push(format!("k{i}"));
-        caps.push(format!("caption {i}"));
         noisy.push(is_noisy);
     }
-    let path = dir.join("emb.parquet");
+    write_pairs(&dir.join("emb.parquet"), &img, &txt, noisy)
+}
+
+/// Pairs `img[i]`, `txt[i]` with keys `k{i}`, captions `caption {i}` and
+/// the `noisy` flags, written to `path`, which is returned.
+fn write_pairs(
+    path: &Path,
+    img: &[Option<Vec<f32>>],
+    txt: &[Option<Vec<f32>>],
+    noisy: Vec<bool>,
+) -> std::path::PathBuf {
+    let keys: Vec<String> = (0..img.len()).map(|i| format!("k{i}")).collect();
+    let caps: Vec<String> = (0..img.len()).map(|i| format!("caption {i}")).collect();
     write_parquet(
-        &path,
+        path,
         vec![
             ("key", Arc::new(StringArray::from(keys)) as ArrayRef),
-            ("img_emb", list(&img)),
-            ("text_emb", list(&txt)),
+            ("img_emb", list(img)),
+            ("text_emb", list(txt)),
             ("caption", Arc::new(StringArray::from(caps)) as ArrayRef),
             ("noisy", Arc::new(BooleanArray::from(noisy)) as ArrayRef),
         ],
     );
-    path
+    path.to_path_buf()
 }
 
 fn fit(data: &Path, run: &Path, extra: &[&str]) -> std::process::Output {
@@ -504,8 +513,7 @@ fn boilerplate_pairs(dir: &Path, n: usize) -> std::path::PathBuf {
     let map: Vec<Vec<f32>> = (0..DIM).map(|_| rng.vec(DIM)).collect();
     let offset: Vec<f32> = rng.vec(DIM).iter().map(|x| 3.0 * x).collect();
     let templates: Vec<Vec<f32>> = (0..5).map(|_| rng.vec(DIM)).collect();
-    let (mut img, mut txt, mut keys, mut caps, mut noisy) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut img, mut txt, mut noisy) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
         let z = rng.vec(DIM);
         img.push(Some(z.iter().map(|x| x + 0.1 * rng.next()).collect()));
@@ -524,22 +532,9 @@ fn boilerplate_pairs(dir: &Path, n: usize) -> std::path::PathBuf {
                 .collect()
         };
         txt.push(Some(t));
-        keys.push(format!("k{i}"));
-        caps.push(format!("caption {i}"));
         noisy.push(boilerplate);
     }
-    let path = dir.join("boilerplate.parquet");
-    write_parquet(
-        &path,
-        vec![
-            ("key", Arc::new(StringArray::from(keys)) as ArrayRef),
-            ("img_emb", list(&img)),
-            ("text_emb", list(&txt)),
-            ("caption", Arc::new(StringArray::from(caps)) as ArrayRef),
-            ("noisy", Arc::new(BooleanArray::from(noisy)) as ArrayRef),
-        ],
-    );
-    path
+    write_pairs(&dir.join("boilerplate.parquet"), &img, &txt, noisy)
 }
 
 #[test]
