@@ -40,7 +40,9 @@
 //!    `new` (parse and validate), `plan` (the epoch's division: which pairs
 //!    each network trains on, keeping the labels the loss needs),
 //!    `batch_loss`, `clean_side`, `score_pass` (the division statistic of a
-//!    whole dataset in the block-local shuffles of `ScoreCtx::shuffles`), `statistic` and
+//!    whole dataset in the block-local shuffles of `ScoreCtx::shuffles`; hand
+//!    each network's caption embeddings to `ScoreCtx::caption_null`, or the
+//!    clean model embeds the captions a second time), `statistic` and
 //!    `scores`. Override the hooks only where the paper differs: `networks`
 //!    (co-teaching), `has_warmup` / `warmup_loss`, `lr_at`, `init_seed`
 //!    (re-initialisation), `start_net` / `end_net` / `finish_epoch` (label

@@ -22,6 +22,7 @@ use candle_core::Tensor;
 use ncclean_models::rng::Rng;
 use ncclean_models::{ModelConfig, PairInputs};
 
+use crate::clean_model::null::NullSink;
 use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::Result;
@@ -107,12 +108,26 @@ pub struct ScoreCtx<'a> {
     pub refit: bool,
     /// Where the pass reports its progress.
     pub ticks: Ticks<'a>,
+    /// Where the pass hands each network's caption embeddings for the
+    /// clean model's caption null ([`crate::clean_model::null`]), when the
+    /// checkpoint has one: the pass embeds every caption anyway, so score
+    /// does not embed them a second time for it.
+    pub null: Option<&'a NullSink<'a>>,
 }
 
 impl ScoreCtx<'_> {
     /// The block-local shuffles every scoring statistic is computed with.
     pub fn shuffles(&self) -> Shuffles<'_> {
         Shuffles::Blocks(self.blocks, self.streams, self.ticks)
+    }
+
+    /// Hand network `k`'s caption embeddings of every pair (`[n, dim]`,
+    /// the data's order; network 0 first) to the caption null, if any.
+    pub fn caption_null(&self, k: usize, captions: &Tensor) -> Result<()> {
+        match self.null {
+            Some(sink) => sink.add(k, captions),
+            None => Ok(()),
+        }
     }
 }
 

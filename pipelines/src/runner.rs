@@ -15,7 +15,7 @@ use ncclean_models::rng::Rng;
 use ncclean_models::{ModelConfig, PairInputs};
 
 use crate::batches::shuffled_batches;
-use crate::clean_model::null::CaptionNull;
+use crate::clean_model::null::{CaptionNull, NullSink};
 use crate::clean_model::signals::{CleanModel, FitOptions};
 use crate::clean_model::trained::{SavedQuantiles, TrainedPairs};
 use crate::clean_model::Reference;
@@ -400,9 +400,19 @@ impl<M: Method> Runner<M> {
             (None, false) => return Err(not_fitted()),
         };
         self.check_finite_weights()?;
+        // The caption null's moments are gathered during the method's pass
+        // (which embeds every caption) rather than by embedding again.
+        let sink = self
+            .clean_model
+            .as_ref()
+            .and_then(|m| m.null.as_ref())
+            .map(|null| NullSink::new(null, data.len()));
         let pass = self.watched(obs, "scoring", data.len(), |ticks| {
-            self.pass_in(data, blocks, refit, ticks)
+            self.pass_in(data, blocks, (refit, sink.as_ref()), ticks)
         })?;
+        // A method that hands over no captions (one written outside this
+        // crate may not) leaves the clean model to embed them itself.
+        let moments = sink.map(NullSink::into_moments).filter(|m| m.nets() > 0);
         let stat = M::statistic(&pass);
         let clean_prob = match stored {
             Some(d) => d.exported_clean_prob(stat),
@@ -429,7 +439,8 @@ impl<M: Method> Runner<M> {
             // the same embeddings, which is the model's similarity signal
             // bit for bit (`method_similarity_is_the_clean_models_own`):
             // the pairs are not embedded a second time for it.
-            scores.clean_prob = m.clean_probs_given(&self.nets, data, &scores.similarity)?;
+            scores.clean_prob =
+                m.clean_probs_given(&self.nets, data, &scores.similarity, moments.as_ref())?;
         }
         // A pair the model cannot measure (NaN/inf statistic or similarity)
         // is never called clean.
@@ -450,14 +461,16 @@ impl<M: Method> Runner<M> {
         ticks: Ticks,
     ) -> Result<M::Pass> {
         let blocks = ScoreBlocks::new(shards, self.cfg.batch_size);
-        self.pass_in(data, &blocks, refit, ticks)
+        self.pass_in(data, &blocks, (refit, None), ticks)
     }
 
+    /// The method's score pass over `data` in `blocks`; with `null`, the
+    /// pass hands it every network's caption embeddings.
     fn pass_in(
         &self,
         data: &PairInputs,
         blocks: &ScoreBlocks,
-        refit: bool,
+        (refit, null): (bool, Option<&NullSink>),
         ticks: Ticks,
     ) -> Result<M::Pass> {
         if blocks.pairs() != data.len() {
@@ -475,6 +488,7 @@ impl<M: Method> Runner<M> {
             blocks,
             refit,
             ticks,
+            null,
         })
     }
 
@@ -1281,15 +1295,39 @@ mod tests {
             }
             p.finalize(data, &[data.len()], &mut Silent)?;
             let m = p.clean_model.as_ref().expect("a clean model is fitted");
-            let own = m.signals(&p.nets, data)?;
+            assert!(
+                m.null.is_some(),
+                "{name}: the caption null is on by default"
+            );
             let scored = p.score(data, &[data.len()], false, &mut Silent)?;
+            // The similarity signal is the z-score of the similarity
+            // against the caption null; without the null it is the
+            // similarity itself, the method's own column.
+            let plain = CleanModel {
+                null: None,
+                ..m.clone()
+            };
+            let own = plain.signals(&p.nets, data)?;
             assert_eq!(scored.similarity.len(), own.similarity.len());
             for (i, (a, b)) in scored.similarity.iter().zip(&own.similarity).enumerate() {
                 // Equal numbers (a zero's sign aside, which no clean
                 // probability sees).
                 assert!(a == b, "{name}: pair {i}: {a} vs {b}");
             }
+            // The null's moments gathered in the method's pass give the
+            // clean model's own labels, and those of embedding the
+            // captions again, bit for bit.
+            let own = m.signals(&p.nets, data)?;
             assert_eq!(scored.clean_prob, m.clean_probs_of(&own), "{name}");
+            let again = m.clean_probs_given(&p.nets, data, &scored.similarity, None)?;
+            assert_eq!(scored.clean_prob, again, "{name}");
+            // The method's pass handed every network's captions over, so
+            // score did not embed them again.
+            let null = m.null.as_ref().expect("null");
+            let sink = NullSink::new(null, data.len());
+            let blocks = ScoreBlocks::new(&[data.len()], p.cfg.batch_size);
+            p.pass_in(data, &blocks, (false, Some(&sink)), Ticks::NONE)?;
+            assert_eq!(sink.into_moments().nets(), null.images.len(), "{name}");
             Ok(())
         }
         let mut rng = Rng::new(7);

@@ -20,6 +20,7 @@ use ncclean_models::PairInputs;
 
 use crate::batch_stats::{hinge, Square};
 use crate::batches::shuffled_batches;
+use crate::clean_model::null::NullSink;
 use crate::config::TrainConfig;
 use crate::division::{CleanSide, Division};
 use crate::net::Net;
@@ -182,8 +183,28 @@ pub fn hinge_pass(
     data: &PairInputs,
     cfg: &TrainConfig,
     order: Shuffles,
-) -> Result<StatPass> {
+) -> crate::error::Result<StatPass> {
+    hinge_pass_into(net, data, cfg, order, None)
+}
+
+/// [`hinge_pass`] of the first network as a method's score pass: the
+/// caption embeddings also go to the clean model's caption null
+/// ([`crate::method::ScoreCtx::caption_null`]).
+pub fn hinge_score_pass(ctx: &crate::method::ScoreCtx) -> crate::error::Result<StatPass> {
+    hinge_pass_into(&ctx.nets[0], ctx.data, ctx.cfg, ctx.shuffles(), ctx.null)
+}
+
+fn hinge_pass_into(
+    net: &Net,
+    data: &PairInputs,
+    cfg: &TrainConfig,
+    order: Shuffles,
+    null: Option<&NullSink>,
+) -> crate::error::Result<StatPass> {
     let (vi, vt) = net.embed_ranges(data, &order.ranges(data.len()), EMBED_CHUNK)?;
+    if let Some(sink) = null {
+        sink.add(0, &vt)?;
+    }
     order.ticks().add(data.len());
     Ok(StatPass {
         statistic: hinge_statistic(

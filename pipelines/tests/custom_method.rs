@@ -49,7 +49,9 @@ impl Method for CleanHinge {
     }
 
     fn score_pass(&self, ctx: &ScoreCtx) -> Result<StatPass> {
-        Ok(hinge_pass(&ctx.nets[0], ctx.data, ctx.cfg, ctx.shuffles())?)
+        // Not `hinge_score_pass`: a method that hands its captions to no
+        // caption null still scores (the clean model embeds them itself).
+        hinge_pass(&ctx.nets[0], ctx.data, ctx.cfg, ctx.shuffles())
     }
 
     fn statistic(pass: &StatPass) -> &[f32] {

@@ -155,6 +155,7 @@ mod tests {
   "complete": true,
   "config": {
     "batch_size": 128,
+    "caption_null": true,
     "clean_prob": "reference",
     "cnn_width": 16,
     "division_shuffles": 3,

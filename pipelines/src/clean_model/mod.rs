@@ -9,9 +9,9 @@
 //! captions worse than the trained similarity alone.
 //!
 //! This model scores each pair from two signals of the pair alone:
-//! - the trained **similarity** of image and caption (the networks' mean;
-//!   with `caption_null`, read against the caption's own similarities
-//!   with a bank of training images, [`null`]);
+//! - the trained **similarity** of image and caption (the networks' mean),
+//!   read against the same caption's similarities with a bank of training
+//!   images ([`null`]; `caption_null = false` reads it as it is);
 //! - the **neighbourhood** score ([`mod@reference`]): the caption against the
 //!   captions of the training images that look most like the pair's image.
 //!

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use ncclean_models::rng::Rng;
 use ncclean_models::PairInputs;
 
-use super::null::{CaptionNull, BANK};
+use super::null::{CaptionNull, NullMoments, BANK};
 use super::trained::{pair_hash, OwnRatio, TrainedPairs};
 use super::{Calibration, Reference, Signals, MAX_NEGATIVES, MIN_PAIRS};
 use crate::error::Result;
@@ -466,13 +466,17 @@ impl CleanModel {
     /// Clean probabilities of every pair of `data` whose similarity (the
     /// networks' mean `S_ii`) is already known: `similarity[i]` must be
     /// what [`CleanModel::signals`] computes for pair i (a method's score
-    /// pass computes the same number: `Runner::score_in`). Only the
-    /// neighbourhood score is computed here.
+    /// pass computes the same number: `Runner::score_in`), and `moments`,
+    /// where given, the caption null's moments of every pair gathered in
+    /// that pass ([`NullMoments`]). Only the neighbourhood score is
+    /// computed here (and with a caption null but no moments, the
+    /// captions' embeddings).
     pub fn clean_probs_given(
         &self,
         nets: &[Net],
         data: &PairInputs,
         similarity: &[f32],
+        moments: Option<&NullMoments>,
     ) -> Result<Vec<f32>> {
         if similarity.len() != data.len() {
             return Err(crate::error::Error::State(format!(
@@ -484,9 +488,10 @@ impl CleanModel {
         let all: Vec<usize> = (0..data.len()).collect();
         let (neighbourhood, hashes) =
             self.neighbourhood_of(nets, data, &all, self.trained.is_some())?;
-        let similarity = match &self.null {
-            None => similarity.to_vec(),
-            Some(null) => {
+        let similarity = match (&self.null, moments) {
+            (None, _) => similarity.to_vec(),
+            (Some(null), Some(m)) => m.z_scores(null, similarity)?,
+            (Some(null), None) => {
                 let mut z = Vec::with_capacity(all.len());
                 for chunk in all.chunks(CHUNK * 8) {
                     let captions = caption_embeddings(nets, data, chunk)?;

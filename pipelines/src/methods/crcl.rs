@@ -385,6 +385,7 @@ impl Method for Crcl {
     fn score_pass(&self, ctx: &ScoreCtx) -> Result<StatPass> {
         let ranges = ctx.shuffles().ranges(ctx.data.len());
         let (vi, vt) = ctx.nets[0].embed_ranges(ctx.data, &ranges, EMBED_CHUNK)?;
+        ctx.caption_null(0, &vt)?;
         ctx.ticks.add(ctx.data.len());
         let statistic = match_prob_statistic(
             &vi,

@@ -84,6 +84,7 @@ use ncclean_models::{ImageInputs, ModelConfig, PairInputs, TextInputs};
 use serde::{Deserialize, Serialize};
 
 use crate::batch_stats::{self, Square};
+use crate::clean_model::null::NullSink;
 use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::{Error, Result};
@@ -385,13 +386,14 @@ pub struct Esc {
 ///
 /// Phases: each network's embeddings and [`division_pass`], then the
 /// BiCro labels of every batch under every network ([`add_raw_labels`]),
-/// then the average over shuffles.
+/// then the average over shuffles. Each network's caption embeddings go
+/// to `null` (scoring with a caption null, [`ScoreCtx::caption_null`]).
 fn nets_stats(
     nets: &[&Net],
     data: &PairInputs,
     cfg: &TrainConfig,
     params: &EscParams,
-    order: Shuffles,
+    (order, null): (Shuffles, Option<&NullSink>),
 ) -> Result<Vec<EscPass>> {
     let n = data.len();
     let ranges = order.ranges(n);
@@ -402,8 +404,11 @@ fn nets_stats(
     let mut passes = Vec::with_capacity(nets.len());
     // Per network, per batch: its BiCro anchors, lowest hinge first.
     let mut anchor_sets: Vec<Vec<Vec<usize>>> = Vec::with_capacity(nets.len());
-    for net in nets {
+    for (k, net) in nets.iter().enumerate() {
         let (vi, vt) = net.embed_ranges_with(data, &ranges, EMBED_CHUNK, &image_of)?;
+        if let Some(sink) = null {
+            sink.add(k, &vt)?;
+        }
         ticks.add(n);
         let (st, sets) = division_pass(n, (&vi, &vt), &batches, cfg, params, ticks)?;
         passes.push(st);
@@ -548,7 +553,7 @@ impl Esc {
             ctx.data,
             ctx.cfg,
             &self.params,
-            (&mut rng).into(),
+            ((&mut rng).into(), None),
         )?
         .remove(0);
         let w = divide(&st.l_div, ctx.cfg, CleanSide::LowMean);
@@ -629,7 +634,13 @@ impl Method for Esc {
     /// Both networks' statistics on the same fixed batches, averaged.
     fn score_pass(&self, ctx: &ScoreCtx) -> Result<EscPass> {
         let nets: Vec<&Net> = ctx.nets.iter().collect();
-        let mut stats = nets_stats(&nets, ctx.data, ctx.cfg, &self.params, ctx.shuffles())?;
+        let mut stats = nets_stats(
+            &nets,
+            ctx.data,
+            ctx.cfg,
+            &self.params,
+            (ctx.shuffles(), ctx.null),
+        )?;
         if stats.len() != 2 {
             return Err(Error::State(format!(
                 "esc scores with 2 networks, the checkpoint holds {}",
@@ -916,7 +927,7 @@ mod tests {
         let nets = p.networks();
         let stats = |ns: &[&Net]| {
             let mut rng = ncclean_models::rng::Rng::new(9);
-            nets_stats(ns, &data, &cfg, &params(), (&mut rng).into())
+            nets_stats(ns, &data, &cfg, &params(), ((&mut rng).into(), None))
         };
         let both = stats(&[&nets[0], &nets[1]])?;
         for (k, net) in nets.iter().enumerate() {
@@ -960,7 +971,7 @@ mod tests {
                 .expect("four pairs");
             let params: EscParams = cfg.method_params("esc").expect("preset params");
             let mut rng = p.streams().score();
-            let st = nets_stats(&[net], &data, &cfg, &params, (&mut rng).into())?.remove(0);
+            let st = nets_stats(&[net], &data, &cfg, &params, ((&mut rng).into(), None))?.remove(0);
             close(&st.raw_label, &table[a]);
         }
         Ok(())

@@ -283,9 +283,15 @@ impl Gsc {
     /// `S_IM` with unit weights, `y_CM` and `S_ii` of every pair under `net`,
     /// in shuffled batches of the scoring stream averaged over
     /// `division_shuffles` shuffles.
-    fn net_stats(&self, net: &Net, ctx: &ScoreCtx, image_of: &[u32]) -> Result<NetStats> {
+    fn net_stats(
+        &self,
+        (k, net): (usize, &Net),
+        ctx: &ScoreCtx,
+        image_of: &[u32],
+    ) -> Result<NetStats> {
         let ranges = ctx.shuffles().ranges(ctx.data.len());
         let (vi, vt) = net.embed_ranges_with(ctx.data, &ranges, EMBED_CHUNK, image_of)?;
+        ctx.caption_null(k, &vt)?;
         let n = vi.dim(0)?;
         ctx.ticks.add(n);
         let shuffles = ctx.cfg.division_shuffles.max(1);
@@ -457,7 +463,7 @@ impl Method for Gsc {
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (_, image_of) = ctx.data.images.distinct();
         for (k, net) in ctx.nets.iter().enumerate() {
-            let st = self.net_stats(net, ctx, &image_of)?;
+            let st = self.net_stats((k, net), ctx, &image_of)?;
             let div = match stored {
                 Some(d) => d[k].clone(),
                 None => Division::fit(&st.s_im, ctx.cfg.mixture, CleanSide::HighMean),

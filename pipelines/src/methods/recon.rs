@@ -42,6 +42,7 @@ use ncclean_models::{ImageTowerConfig, ModelConfig, PairInputs, TextTowerConfig}
 use serde::{Deserialize, Serialize};
 
 use crate::batch_stats::infonce_and_match_prob;
+use crate::clean_model::null::NullSink;
 use crate::config::TrainConfig;
 use crate::division::CleanSide;
 use crate::error::{Error, Result};
@@ -278,13 +279,14 @@ pub struct Recon {
 impl Recon {
     /// `L_CM`, `p_i` (averaged over `division_shuffles` shuffled batchings
     /// from `rng`, as both depend on the batch) and `L_IM` of every pair,
-    /// without training.
+    /// without training; the caption embeddings go to `null` (scoring
+    /// with a caption null, [`ScoreCtx::caption_null`]).
     fn stats(
         &self,
         net: &Net,
         data: &PairInputs,
         cfg: &TrainConfig,
-        order: Shuffles,
+        (order, null): (Shuffles, Option<&NullSink>),
     ) -> Result<Stats> {
         let n = data.len();
         let ticks = order.ticks();
@@ -346,6 +348,9 @@ impl Recon {
             ticks.add(window.iter().map(|c| c.len()).sum());
         }
         let (vi, vt) = (Tensor::cat(&vis, 0)?, Tensor::cat(&vts, 0)?);
+        if let Some(sink) = null {
+            sink.add(0, &vt)?;
+        }
         let similarity = pair_similarity(&vi, &vt)?;
         let shuffles = cfg.division_shuffles.max(1);
         let (mut l_cm, mut p) = (vec![0f32; n], vec![0f32; n]);
@@ -420,7 +425,12 @@ impl Method for Recon {
     fn plan(&mut self, ctx: &mut EpochCtx) -> Result<Plan> {
         let n = ctx.data.len();
         let prm = self.params.clone();
-        let st = self.stats(&ctx.nets[0], ctx.data, ctx.cfg, (&mut *ctx.rng).into())?;
+        let st = self.stats(
+            &ctx.nets[0],
+            ctx.data,
+            ctx.cfg,
+            ((&mut *ctx.rng).into(), None),
+        )?;
         let y_cm = divide(&st.l_cm, ctx.cfg, CleanSide::LowMean);
         let y_ims: Vec<f32> = st.l_im.iter().map(|&v| y_im(v)).collect();
         let parts = partition(&y_cm, &y_ims, prm.omega1, prm.omega2);
@@ -477,7 +487,7 @@ impl Method for Recon {
     }
 
     fn score_pass(&self, ctx: &ScoreCtx) -> Result<Stats> {
-        self.stats(&ctx.nets[0], ctx.data, ctx.cfg, ctx.shuffles())
+        self.stats(&ctx.nets[0], ctx.data, ctx.cfg, (ctx.shuffles(), ctx.null))
     }
 
     fn statistic(pass: &Stats) -> &[f32] {

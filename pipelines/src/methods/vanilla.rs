@@ -53,7 +53,7 @@ use crate::fused_head::HeadLoss;
 use crate::losses::ncr_soft_margin_hinge;
 use crate::method::{Batch, EpochCtx, Method, PairArray, Plan, ScoreCtx};
 use crate::pipeline::PairScores;
-use crate::scoring::{divide, hinge_pass, StatPass};
+use crate::scoring::{divide, hinge_pass, hinge_score_pass, StatPass};
 
 /// The vanilla method: its state is the clean probability of every pair.
 pub struct Vanilla {
@@ -110,7 +110,7 @@ impl Method for Vanilla {
     }
 
     fn score_pass(&self, ctx: &ScoreCtx) -> Result<StatPass> {
-        Ok(hinge_pass(&ctx.nets[0], ctx.data, ctx.cfg, ctx.shuffles())?)
+        hinge_score_pass(ctx)
     }
 
     fn statistic(pass: &StatPass) -> &[f32] {
