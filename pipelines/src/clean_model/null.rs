@@ -74,13 +74,8 @@ impl CaptionNull {
     /// `captions[k]` are the pairs' caption embeddings under network k
     /// (`[n, dim]`). NaN stays NaN.
     pub fn z_scores(&self, similarity: &[f32], captions: &[Tensor]) -> Result<Vec<f32>> {
-        if captions.len() != self.images.len() {
-            return Err(crate::error::Error::State(format!(
-                "caption null: {} networks' captions for a bank of {}",
-                captions.len(),
-                self.images.len()
-            )));
-        }
+        // A count of networks other than the bank's is refused by
+        // `moments` (too many) or `NullMoments::z_scores` (too few).
         let mut moments = NullMoments::new(similarity.len());
         for (k, c) in captions.iter().enumerate() {
             moments.add(self.moments(k, c)?)?;
@@ -109,8 +104,12 @@ impl CaptionNull {
         let mut start = 0;
         while start < n {
             let rows = ROWS.min(n - start);
-            let null: Vec<Vec<f32>> = host.narrow(0, start, rows)?.matmul(&bank)?.to_vec2()?;
-            for row in &null {
+            let null: Vec<f32> = host
+                .narrow(0, start, rows)?
+                .matmul(&bank)?
+                .flatten_all()?
+                .to_vec1()?;
+            for row in null.chunks(m) {
                 let (mean, var) = mean_var(row);
                 out.mean.push(mean);
                 out.var.push(var);
@@ -174,16 +173,6 @@ impl NullMoments {
     /// Networks added.
     pub fn nets(&self) -> usize {
         self.nets
-    }
-
-    /// Pairs.
-    pub fn len(&self) -> usize {
-        self.mean.len()
-    }
-
-    /// No pairs.
-    pub fn is_empty(&self) -> bool {
-        self.mean.is_empty()
     }
 
     /// The z-score of each pair's similarity (the networks' mean `S_ii`)
