@@ -234,30 +234,8 @@ impl ImageInputs {
         let ImageInputs::Embeddings { data, dim, local } = self else {
             return identity();
         };
-        let row = |i: usize| &data[i * dim..(i + 1) * dim];
         let item = |i: usize| local.as_ref().map(|l| l.index[i]);
-        let mut seen: std::collections::HashMap<u64, Vec<u32>> = Default::default();
-        let mut first = Vec::new();
-        let mut of = Vec::with_capacity(n);
-        for i in 0..n {
-            // The hash only picks the bucket; rows are compared exactly.
-            let h = item(i).map_or(0, u64::from) ^ row_hash(row(i));
-            let same = |&&k: &&u32| {
-                let j = first[k as usize];
-                item(j) == item(i) && same_bits(row(j), row(i))
-            };
-            let bucket = seen.entry(h).or_default();
-            match bucket.iter().find(same) {
-                Some(&k) => of.push(k),
-                None => {
-                    let k = first.len() as u32;
-                    bucket.push(k);
-                    first.push(i);
-                    of.push(k);
-                }
-            }
-        }
-        (first, of)
+        distinct_rows(data, *dim, item)
     }
 
     /// Gather images `idx`: pixels as f32 `[B, 3, S, S]` scaled to [-1, 1],
@@ -281,6 +259,42 @@ impl ImageInputs {
             }),
         }
     }
+}
+
+/// The distinct rows of a row-major `[n, dim]` matrix, each with an
+/// optional extra key (`item(i)`, e.g. a local-feature index): `(first,
+/// of)`, where `first` holds the first row of each distinct value in order
+/// of appearance and row `i` equals row `first[of[i]]`. Rows are compared
+/// exactly (their bits: NaN equals itself, +0 is not −0); the hash only
+/// picks the bucket. A zero `dim` counts every row as one value.
+pub fn distinct_rows(
+    data: &[f32],
+    dim: usize,
+    item: impl Fn(usize) -> Option<u32>,
+) -> (Vec<usize>, Vec<u32>) {
+    let n = if dim == 0 { 0 } else { data.len() / dim };
+    let row = |i: usize| &data[i * dim..(i + 1) * dim];
+    let mut seen: std::collections::HashMap<u64, Vec<u32>> = Default::default();
+    let mut first = Vec::new();
+    let mut of = Vec::with_capacity(n);
+    for i in 0..n {
+        let h = item(i).map_or(0, u64::from) ^ row_hash(row(i));
+        let same = |&&k: &&u32| {
+            let j = first[k as usize];
+            item(j) == item(i) && same_bits(row(j), row(i))
+        };
+        let bucket = seen.entry(h).or_default();
+        match bucket.iter().find(same) {
+            Some(&k) => of.push(k),
+            None => {
+                let k = first.len() as u32;
+                bucket.push(k);
+                first.push(i);
+                of.push(k);
+            }
+        }
+    }
+    (first, of)
 }
 
 multiversion! {

@@ -18,6 +18,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::Result;
+use ncclean_models::inputs::distinct_rows;
 use ncclean_models::packed_linear::PackedLinear;
 
 use crate::scoring::par_map;
@@ -220,10 +221,47 @@ impl Reference {
             let w = self.width();
             let packed = PackedLinear::new(&self.images, r, w);
             let queries: Vec<f32> = images.flatten_all()?.to_vec1()?;
-            let parts = par_map(&pieces(n, r), |p| {
+            // A query's look-alikes depend on its image alone: where images
+            // repeat (five captions an image, or the random pairings `fit`
+            // draws among a few hundred held-out images) each distinct one
+            // is searched once and its list shared by its captions. The
+            // search gives a row the same list whatever rows are searched
+            // with it, so the scores are those of searching every row.
+            let (first, of) = distinct_rows(&queries, w, |_| None);
+            if first.len() == n {
+                let parts = par_map(&pieces(n, r), |p| {
+                    let mut look = vec![0f32; p.len() * r];
+                    packed.accumulate(&mut look, &queries[p.start * w..p.end * w]);
+                    Ok(finish(p, &look))
+                })?;
+                return Ok(parts.concat());
+            }
+            let distinct: Vec<f32> = first
+                .iter()
+                .flat_map(|&i| &queries[i * w..(i + 1) * w])
+                .copied()
+                .collect();
+            let lists = par_map(&pieces(first.len(), r), |p| {
                 let mut look = vec![0f32; p.len() * r];
-                packed.accumulate(&mut look, &queries[p.start * w..p.end * w]);
-                Ok(finish(p, &look))
+                packed.accumulate(&mut look, &distinct[p.start * w..p.end * w]);
+                let mut search = Search::new(k);
+                Ok(look
+                    .chunks(r)
+                    .map(|look| {
+                        search.nearest(look);
+                        search.best.clone()
+                    })
+                    .collect::<Vec<_>>())
+            })?
+            .concat();
+            let parts = par_map(&pieces(n, 0), |p| {
+                let mut agree = Vec::with_capacity(k);
+                Ok(p.clone()
+                    .map(|q| {
+                        let best = &lists[of[q] as usize];
+                        self.agreement(best, &mut agree, &captions[q * dt..(q + 1) * dt])
+                    })
+                    .collect::<Vec<f32>>())
             })?;
             return Ok(parts.concat());
         }
@@ -246,6 +284,12 @@ impl Reference {
     fn one(&self, search: &mut Search, look: &[f32], caption: &[f32]) -> f32 {
         search.nearest(look);
         let Search { best, agree, .. } = search;
+        self.agreement(best, agree, caption)
+    }
+
+    /// The weighted mean agreement of `caption` with the captions of the
+    /// reference images `best` (`agree` a buffer); NaN with none.
+    fn agreement(&self, best: &[(f32, usize)], agree: &mut Vec<f32>, caption: &[f32]) -> f32 {
         let dt = self.text_dim;
         // Each neighbour's agreement is the plain f32 sum of `a * b` in
         // order (what `Iterator::sum` computes). The neighbours go in
@@ -624,6 +668,61 @@ mod tests {
                 assert_eq!(a.len(), n);
                 for (i, (x, y)) in a.iter().zip(&b).enumerate() {
                     assert!(x.to_bits() == y.to_bits(), "k {k}, query {i}: {x} vs {y}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn repeated_images_are_searched_once_with_every_rows_score() -> Result<()> {
+        // 1,500 queries showing 70 distinct images (each with captions of
+        // its own), one of them a reference image itself and one all NaN,
+        // against 600 reference images: the shared search gives each row
+        // the score of searching it alone, to the bit, in any order.
+        let mut rng = ncclean_models::rng::Rng::new(9);
+        let (di, dt, refs, n, shown) = (24, 12, 600, 1500, 70);
+        let mut normal = |m: usize| -> Vec<f32> { (0..m).map(|_| rng.normal() as f32).collect() };
+        let units = |v: Vec<f32>, d: usize| -> Vec<f32> { v.chunks(d).flat_map(unit).collect() };
+        let images = units(normal(refs * di), di);
+        let texts = units(normal(refs * dt), dt);
+        let of: Vec<u32> = (0..refs as u32).collect();
+        let weights: Vec<f32> = normal(refs).iter().map(|x| x.abs().min(1.0)).collect();
+        let full = Reference::build(&images, &texts, &of, &weights, &of, (di, dt));
+        let small = full.clone().compress(8)?;
+        let mut distinct = units(normal(shown * di), di);
+        distinct[..di].copy_from_slice(&images[3 * di..4 * di]);
+        distinct[di..2 * di].fill(f32::NAN);
+        let which: Vec<usize> = normal(n)
+            .iter()
+            .map(|x| ((x.abs() * 1000.0) as usize) % shown)
+            .collect();
+        let qi: Vec<f32> = which
+            .iter()
+            .flat_map(|&g| &distinct[g * di..(g + 1) * di])
+            .copied()
+            .collect();
+        let qt = units(normal(n * dt), dt);
+        let dev = Device::Cpu;
+        let qi = Tensor::from_slice(&qi, (n, di), &dev)?;
+        let qt = Tensor::from_slice(&qt, (n, dt), &dev)?;
+        for r in [&full, &small] {
+            for k in [0, 1, 20] {
+                let (a, b) = (
+                    r.score(&qi, &qt, k)?,
+                    score_one_chunk_at_a_time(r, &qi, &qt, k),
+                );
+                assert_eq!(a.len(), n);
+                for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                    assert!(x.to_bits() == y.to_bits(), "k {k}, query {i}: {x} vs {y}");
+                }
+                // The NaN image has no neighbour; the others have k.
+                let nan = which.iter().position(|&g| g == 1).expect("shown");
+                assert!(a[nan].is_nan());
+                // Alone, a row scores what it scored among the others.
+                for q in [0, 1, nan, n - 1] {
+                    let one = r.score(&qi.narrow(0, q, 1)?, &qt.narrow(0, q, 1)?, k)?;
+                    assert_eq!(one[0].to_bits(), a[q].to_bits(), "k {k}, query {q}");
                 }
             }
         }
