@@ -272,7 +272,7 @@ pub fn distinct_rows(
     dim: usize,
     item: impl Fn(usize) -> Option<u32>,
 ) -> (Vec<usize>, Vec<u32>) {
-    let n = if dim == 0 { 0 } else { data.len() / dim };
+    let n = data.len().checked_div(dim).unwrap_or(0);
     let row = |i: usize| &data[i * dim..(i + 1) * dim];
     let mut seen: std::collections::HashMap<u64, Vec<u32>> = Default::default();
     let mut first = Vec::new();
