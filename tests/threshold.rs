@@ -314,6 +314,11 @@ fn fit_warns_on_noise_free_data_and_on_data_without_signal() {
         err.contains("warning: no noise found: only 0% of 1024 pairs"),
         "{err}"
     );
+    // The division gives clean_prob here: the warning names its mixture.
+    assert!(
+        err.contains("yet the mixture (gmm clean component at "),
+        "{err}"
+    );
     let s = stats(&run);
     assert!(s["warnings"][0]
         .as_str()
@@ -363,6 +368,13 @@ fn fit_warns_on_noise_free_data_and_on_data_without_signal() {
                 ncclean::curation::threshold::percent(removed)
             ))
             && err.contains(&format!("--remove-noise-rate {share:.2}")),
+        "{err}"
+    );
+    // The labels' estimate is the final model's, and the warning says so.
+    assert!(
+        err.contains(
+            "yet the clean model (calibrated on held-out pairs against random pairings) estimates"
+        ),
         "{err}"
     );
     assert_eq!(s["warnings"].as_array().unwrap().len(), 1, "{s}");

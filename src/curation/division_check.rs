@@ -194,15 +194,16 @@ impl SignalCheck {
     }
 
     /// `fit`'s warnings: those the [`SignalCheck::verdict`] calls for, given
-    /// the mixture's estimated noise rate, the share of the pairs the cut
-    /// removes, whether the cut follows the division, and the mixture's
-    /// description (component means, separation).
+    /// the labels' estimated noise rate, the share of the pairs the cut
+    /// removes, whether the cut follows the division, and what estimated
+    /// the noise (`estimator`: the mixture with its component means and
+    /// separation, or the final clean-probability model).
     pub fn warnings(
         &self,
         estimated_noise_rate: f64,
         removed_share: f64,
         follows_division: bool,
-        mixture: &str,
+        estimator: &str,
     ) -> Vec<String> {
         let Some(verdict) = self.verdict(estimated_noise_rate, removed_share, follows_division)
         else {
@@ -213,7 +214,7 @@ impl SignalCheck {
                 "no signal: the trained model scores pairs barely above random pairings of the same \
                  images and captions ({} of {} pairs above 99% of the random pairings, chance is 1%; \
                  AUROC {:.3}), so clean_prob and the estimated noise rate ({}) mean little \
-                 ({mixture}); check that the image and caption columns belong together and that \
+                 ({estimator}); check that the image and caption columns belong together and that \
                  the towers suit the data",
                 percent(self.matched_share),
                 self.pairs,
@@ -222,7 +223,7 @@ impl SignalCheck {
             ),
             Verdict::NoNoise => format!(
                 "no noise found: only {} of {} pairs score like random pairings (twice the share \
-                 below their median similarity), yet the mixture estimates {} noise ({mixture}); \
+                 below their median similarity), yet {estimator} estimates {} noise; \
                  the data look noise-free and the division cuts off clean pairs: keep more with \
                  --min-prob or --remove-noise-rate R",
                 percent(self.random_like_share),
@@ -231,8 +232,8 @@ impl SignalCheck {
             ),
             Verdict::Understated => format!(
                 "noise understated: {} of {} pairs score like random pairings (twice the share \
-                 below their median similarity, a lower bound of the noise rate), yet the \
-                 mixture estimates {} noise ({mixture}) and the cut removes {}: the kept pairs \
+                 below their median similarity, a lower bound of the noise rate), yet \
+                 {estimator} estimates {} noise and the cut removes {}: the kept pairs \
                  include many that look mismatched; remove at least that share with \
                  --remove-noise-rate {:.2}, or try another --method",
                 percent(self.random_like_share),
@@ -243,8 +244,8 @@ impl SignalCheck {
             ),
             Verdict::Overstated => format!(
                 "noise overstated: {} of {} pairs score above 99% of random pairings (nearly all \
-                 matched pairs: chance puts 1% of random ones there), yet the mixture estimates \
-                 {} noise ({mixture}) and the cut keeps only {}: it removes pairs that plainly \
+                 matched pairs: chance puts 1% of random ones there), yet {estimator} \
+                 estimates {} noise and the cut keeps only {}: it removes pairs that plainly \
                  match; remove at most {:.2} with --remove-noise-rate, or keep more with \
                  --min-prob",
                 percent(self.matched_share),
@@ -456,7 +457,7 @@ mod tests {
         // On as many as a sample holds, a mixture estimating 30% noise here
         // is cutting off clean pairs.
         let c = SignalCheck { pairs: 1024, ..c };
-        let w = c.warnings(0.3, 0.3, true, "means 0.1 and 0.5");
+        let w = c.warnings(0.3, 0.3, true, "the mixture (means 0.1 and 0.5)");
         assert_eq!(w.len(), 1);
         assert!(
             w[0].starts_with("no noise found: only 0% of 1024 pairs"),
@@ -464,7 +465,7 @@ mod tests {
             w[0]
         );
         assert!(
-            w[0].contains("estimates 30% noise (means 0.1 and 0.5)"),
+            w[0].contains("yet the mixture (means 0.1 and 0.5) estimates 30% noise;"),
             "{}",
             w[0]
         );
@@ -541,13 +542,13 @@ mod tests {
         assert_eq!((c.random_like_share, c.matched_share), (1.0, 0.5));
         assert!(c.warnings(0.21, 0.25, true, "").is_empty());
         let c = SignalCheck { pairs: 1024, ..c };
-        let w = c.warnings(0.21, 0.25, true, "bmm separation D 0.25");
+        let w = c.warnings(0.21, 0.25, true, "the mixture (bmm separation D 0.25)");
         assert_eq!(w.len(), 1, "{w:?}");
         assert_eq!(
             w[0],
             "noise understated: 100% of 1024 pairs score like random pairings (twice the share \
              below their median similarity, a lower bound of the noise rate), yet the mixture \
-             estimates 21% noise (bmm separation D 0.25) and the cut removes 25%: the kept \
+             (bmm separation D 0.25) estimates 21% noise and the cut removes 25%: the kept \
              pairs include many that look mismatched; remove at least that share with \
              --remove-noise-rate 1.00, or try another --method"
         );
@@ -608,11 +609,11 @@ mod tests {
         assert!((small.overstated_margin() - 0.15).abs() < 1e-12);
         assert_eq!(small.verdict(0.7, 0.62, true), None);
         assert_eq!(
-            c.warnings(0.7, 0.62, true, "gmm separation D 3.00"),
+            c.warnings(0.7, 0.62, true, "the mixture (gmm separation D 3.00)"),
             [
                 "noise overstated: 50% of 1024 pairs score above 99% of random pairings (nearly \
-              all matched pairs: chance puts 1% of random ones there), yet the mixture \
-              estimates 70% noise (gmm separation D 3.00) and the cut keeps only 38%: it \
+              all matched pairs: chance puts 1% of random ones there), yet the mixture (gmm \
+              separation D 3.00) estimates 70% noise and the cut keeps only 38%: it \
               removes pairs that plainly match; remove at most 0.51 with --remove-noise-rate, \
               or keep more with --min-prob"
             ]

@@ -541,11 +541,18 @@ fn score_and_cut(
     let mut warnings: Vec<String> = division.warning().into_iter().collect();
     if division.fallback.is_none() {
         if let Some(s) = &signal {
+            // The estimate is the final model's where one gives clean_prob
+            // (the division's mixture is then not what the labels read).
+            let estimator = if engine.state.has_clean_model() {
+                "the clean model (calibrated on held-out pairs against random pairings)".to_string()
+            } else {
+                format!("the mixture ({})", division.describe())
+            };
             warnings.extend(s.warnings(
                 cut.estimated_noise_rate,
                 1.0 - cut.kept_fraction(),
                 rule.follows_division(cfg.threshold),
-                &division.describe(),
+                &estimator,
             ));
         }
     }

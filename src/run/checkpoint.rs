@@ -68,6 +68,14 @@ impl CheckpointState {
         serde_json::from_value(self.pipeline.get("division")?.clone()).ok()
     }
 
+    /// Whether `clean_prob` comes from a fitted final clean-probability
+    /// model (`ncclean_pipelines::clean_model`) rather than the division.
+    pub fn has_clean_model(&self) -> bool {
+        self.pipeline
+            .get("clean_model")
+            .is_some_and(|m| !m.is_null())
+    }
+
     /// How the method computes its division statistic, in its own words,
     /// where its state says.
     pub fn division_statistic(&self) -> Option<&str> {
