@@ -213,8 +213,8 @@ impl SignalCheck {
             Verdict::NoSignal => format!(
                 "no signal: the trained model scores pairs barely above random pairings of the same \
                  images and captions ({} of {} pairs above 99% of the random pairings, chance is 1%; \
-                 AUROC {:.3}), so clean_prob and the estimated noise rate ({}) mean little \
-                 ({estimator}); check that the image and caption columns belong together and that \
+                 AUROC {:.3}), so clean_prob and the noise rate {estimator} estimates ({}) \
+                 mean little; check that the image and caption columns belong together and that \
                  the towers suit the data",
                 percent(self.matched_share),
                 self.pairs,
@@ -509,7 +509,7 @@ mod tests {
             "{}",
             c.no_signal_reason()
         );
-        let w = c.warnings(0.46, 0.5, true, "separation 0.8");
+        let w = c.warnings(0.46, 0.5, true, "the mixture (separation 0.8)");
         assert!(w[0].starts_with("no signal: "), "{}", w[0]);
         assert!(
             w[0].contains(
@@ -519,7 +519,10 @@ mod tests {
             w[0]
         );
         assert!(
-            w[0].contains("(46%) mean little (separation 0.8)"),
+            w[0].contains(
+                "so clean_prob and the noise rate the mixture (separation 0.8) estimates (46%) \
+                 mean little; check"
+            ),
             "{}",
             w[0]
         );
