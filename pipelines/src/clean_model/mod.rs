@@ -31,7 +31,9 @@
 //!
 //! and `1 − π` is at most `F_data(t) / F_neg(t)` for every threshold `t`:
 //! its smallest value over the lower half of the pairings' scores is the
-//! estimate ([`estimate_noise`]). The mean of `clean_prob` over the data is
+//! estimate ([`estimate_noise`]), taken with the similarity read against
+//! each caption's null and again against each image's null, the larger
+//! kept ([`null`]: each reading counts one kind of pair that fits nothing). The mean of `clean_prob` over the data is
 //! then π itself, so the labels are calibrated where noise looks like
 //! random pairings. Noise that looks better than a random pairing (a
 //! caption of a similar image) is partly counted as clean: on such data
