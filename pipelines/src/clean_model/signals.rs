@@ -168,23 +168,36 @@ fn caption_null(
         .filter(|&g| !held[g] && first[g] != usize::MAX)
         .map(|g| first[g])
         .collect();
+    bank_of(nets, data, &pool, |(images, _)| images)
+}
+
+/// A null's bank: at most [`BANK`] of the pairs `pool`, evenly spaced in
+/// their order, as the joint embeddings `side` picks (images or captions)
+/// under every network; None with fewer than two.
+fn bank_of(
+    nets: &[Net],
+    data: &PairInputs,
+    pool: &[usize],
+    side: impl Fn(&(Tensor, Tensor)) -> &Tensor,
+) -> Result<Option<CaptionNull>> {
     if pool.len() < 2 {
         return Ok(None);
     }
     let m = pool.len().min(BANK);
     let bank: Vec<usize> = (0..m).map(|j| pool[j * pool.len() / m]).collect();
     let emb = joint(nets, data, &bank)?;
-    let dim = emb[0].0.dim(1)?;
-    let images = emb
+    let dim = side(&emb[0]).dim(1)?;
+    let rows = emb
         .iter()
-        .map(|(i, _)| -> Result<Vec<f32>> {
-            Ok(i.to_device(&Device::Cpu)?
+        .map(|e| -> Result<Vec<f32>> {
+            Ok(side(e)
+                .to_device(&Device::Cpu)?
                 .to_dtype(DType::F32)?
                 .flatten_all()?
                 .to_vec1()?)
         })
         .collect::<Result<Vec<Vec<f32>>>>()?;
-    Ok(CaptionNull::new(images, dim))
+    Ok(CaptionNull::new(rows, dim))
 }
 
 /// The image null's bank ([`super::null`], the roles of images and
@@ -199,23 +212,7 @@ fn image_null(nets: &[Net], data: &PairInputs, held_out: &[usize]) -> Result<Opt
         held[i] = true;
     }
     let pool: Vec<usize> = (0..data.len()).filter(|&i| !held[i]).collect();
-    if pool.len() < 2 {
-        return Ok(None);
-    }
-    let m = pool.len().min(BANK);
-    let bank: Vec<usize> = (0..m).map(|j| pool[j * pool.len() / m]).collect();
-    let emb = joint(nets, data, &bank)?;
-    let dim = emb[0].1.dim(1)?;
-    let captions = emb
-        .iter()
-        .map(|(_, t)| -> Result<Vec<f32>> {
-            Ok(t.to_device(&Device::Cpu)?
-                .to_dtype(DType::F32)?
-                .flatten_all()?
-                .to_vec1()?)
-        })
-        .collect::<Result<Vec<Vec<f32>>>>()?;
-    Ok(CaptionNull::new(captions, dim))
+    bank_of(nets, data, &pool, |(_, captions)| captions)
 }
 
 /// How the clean model is fitted ([`CleanModel::fit`]).
@@ -675,6 +672,9 @@ fn pairing_pools(n: usize) -> Vec<(Range<usize>, usize)> {
         .collect()
 }
 
+/// Each random pairing's image pair and caption pair (rows of the pairs).
+type Drawn = (Vec<u32>, Vec<u32>);
+
 /// Signals of `count` random pairings among some pairs: the image of
 /// pair i with the caption of a pair j showing another image (`images[i]`:
 /// pair i's distinct image; fewer pairings where draws keep finding the
@@ -688,7 +688,7 @@ fn pairings_with(
     images: &[u32],
     count: usize,
     rng: &mut Rng,
-) -> Result<(Signals, (Vec<u32>, Vec<u32>))> {
+) -> Result<(Signals, Drawn)> {
     let (pi, pt) = pooled;
     let n = images.len();
     let (mut a, mut b) = (Vec::with_capacity(count), Vec::with_capacity(count));
