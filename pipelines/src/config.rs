@@ -58,8 +58,8 @@ pub struct TrainConfig {
     pub unit_inputs: bool,
     /// Where `clean_prob` comes from: `reference` (the default: the final
     /// clean-probability model of [`crate::clean_model`], from the trained
-    /// similarity and the neighbourhood score, calibrated against random
-    /// pairings) or `division` (the method's own mixture posterior over its
+    /// similarity, the neighbourhood score and the ridge signal, calibrated
+    /// against random pairings) or `division` (the method's own mixture posterior over its
     /// division statistic, as the papers define it).
     #[serde(default)]
     pub clean_prob: CleanProbSource,

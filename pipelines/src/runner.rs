@@ -16,6 +16,7 @@ use ncclean_models::{ModelConfig, PairInputs};
 
 use crate::batches::shuffled_batches;
 use crate::clean_model::null::{CaptionNull, NullSink};
+use crate::clean_model::ridge::Ridge;
 use crate::clean_model::signals::{CleanModel, FitOptions};
 use crate::clean_model::trained::{SavedQuantiles, TrainedPairs};
 use crate::clean_model::Reference;
@@ -33,6 +34,11 @@ const REFERENCE_IMAGES: &str = "clean_model.reference.images";
 const REFERENCE_CAPTIONS: &str = "clean_model.reference.captions";
 const REFERENCE_WEIGHTS: &str = "clean_model.reference.weights";
 const REFERENCE_PROJECTION: &str = "clean_model.reference.projection";
+/// Names of the ridge map's arrays ([`crate::clean_model::ridge::Ridge`]);
+/// absent in checkpoints from before it.
+const RIDGE_MAP: &str = "clean_model.ridge.map";
+const RIDGE_BIAS: &str = "clean_model.ridge.bias";
+const RIDGE_BANK: &str = "clean_model.ridge.bank";
 /// Name of the trained pairs' hashes ([`TrainedPairs::hash_array`]).
 const TRAINED_HASHES: &str = "clean_model.trained.hashes";
 
@@ -127,9 +133,38 @@ fn load_clean_model(
             })?)
         }
     };
+    let ridge = match (
+        pairs.remove(RIDGE_MAP),
+        pairs.remove(RIDGE_BIAS),
+        pairs.remove(RIDGE_BANK),
+    ) {
+        (None, None, None) => None,
+        (Some(map), Some(bias), Some(bank)) => {
+            let r = Ridge {
+                map,
+                bias,
+                bank,
+                width: reference.width(),
+                text_dim: saved.text_dim,
+            };
+            if !r.is_consistent() {
+                return Err(bad(format!(
+                    "the ridge map's arrays ({}, {} and {} values) do not fit widths {} and {}",
+                    r.map.len(),
+                    r.bias.len(),
+                    r.bank.len(),
+                    r.width,
+                    r.text_dim
+                )));
+            }
+            Some(r)
+        }
+        _ => return Err(bad("part of the ridge map's arrays is missing".into())),
+    };
     Ok(CleanModel {
         calibration: saved.calibration,
         reference,
+        ridge,
         null,
         neighbours: saved.neighbours,
         trained,
@@ -885,6 +920,11 @@ impl<M: Method> Pipeline for Runner<M> {
             }
             if let Some(t) = &m.trained {
                 out.push((TRAINED_HASHES.into(), t.hash_array()));
+            }
+            if let Some(r) = &m.ridge {
+                out.push((RIDGE_MAP.into(), r.map.clone()));
+                out.push((RIDGE_BIAS.into(), r.bias.clone()));
+                out.push((RIDGE_BANK.into(), r.bank.clone()));
             }
             if let Some(n) = &m.null {
                 for (k, bank) in n.images.iter().enumerate() {

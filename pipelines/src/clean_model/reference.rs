@@ -17,6 +17,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use super::ridge::Ridge;
 use crate::error::Result;
 use ncclean_models::inputs::distinct_rows;
 use ncclean_models::packed_linear::PackedLinear;
@@ -189,11 +190,25 @@ impl Reference {
     /// around it and on any x86-64 CPU with AVX2 and FMA, so a pair's
     /// score does not depend on the other pairs scored with it.
     pub fn score(&self, images: &Tensor, texts: &Tensor, k: usize) -> Result<Vec<f32>> {
+        Ok(self.signals(images, texts, k, None)?.0)
+    }
+
+    /// The neighbourhood score ([`Reference::score`]) and, with a ridge
+    /// map, the ridge signal ([`Ridge::scores`]) of each query pair, the
+    /// images projected into the search space once for both; the ridge
+    /// signals are empty without a map, NaN without reference images.
+    pub fn signals(
+        &self,
+        images: &Tensor,
+        texts: &Tensor,
+        k: usize,
+        ridge: Option<&Ridge>,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
         let n = images.dim(0)?;
-        let device = images.device().clone();
         let r = self.len();
         if r == 0 || n == 0 {
-            return Ok(vec![f32::NAN; n]);
+            let ridge = ridge.map(|_| vec![f32::NAN; n]).unwrap_or_default();
+            return Ok((vec![f32::NAN; n], ridge));
         }
         let images = self.search_space(images)?;
         let captions: Vec<f32> = texts
@@ -201,6 +216,32 @@ impl Reference {
             .to_device(&Device::Cpu)?
             .flatten_all()?
             .to_vec1()?;
+        let ridge = match ridge {
+            Some(m) => {
+                let queries: Vec<f32> = images.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?;
+                m.scores(&queries, &captions)
+            }
+            None => Vec::new(),
+        };
+        Ok((self.neighbourhood(&images, &captions, k)?, ridge))
+    }
+
+    /// Unit image features `[n, image_dim]` (any device) in the search
+    /// space, as host rows `[n, width]`.
+    pub fn search_rows(&self, images: &Tensor) -> Result<Vec<f32>> {
+        Ok(self
+            .search_space(images)?
+            .to_device(&Device::Cpu)?
+            .flatten_all()?
+            .to_vec1()?)
+    }
+
+    /// [`Reference::score`] of queries already in the search space, with
+    /// their unit caption features as host rows.
+    fn neighbourhood(&self, images: &Tensor, captions: &[f32], k: usize) -> Result<Vec<f32>> {
+        let n = images.dim(0)?;
+        let device = images.device().clone();
+        let r = self.len();
         let dt = self.text_dim;
         // The queries of rows `p` against every reference image, then each
         // query's look-alikes and caption agreement.

@@ -1,7 +1,7 @@
 //! The clean model's signals of pairs, from the trained networks: the
-//! similarity (the networks' mean of `S_ii`) and the neighbourhood score
-//! against the reference ([`super::Reference`]); and the model fitted on a
-//! training set.
+//! similarity (the networks' mean of `S_ii`), the neighbourhood score
+//! against the reference ([`super::Reference`]) and the ridge signal
+//! ([`super::ridge`]); and the model fitted on a training set.
 
 use std::ops::Range;
 
@@ -10,8 +10,9 @@ use ncclean_models::rng::Rng;
 use ncclean_models::PairInputs;
 
 use super::null::{CaptionNull, NullMoments, BANK};
+use super::ridge::Ridge;
 use super::trained::{pair_hash, OwnRatio, TrainedPairs};
-use super::{Calibration, Reference, Signals, MAX_NEGATIVES, MIN_PAIRS};
+use super::{Calibration, Reference, Signals, Weights, MAX_NEGATIVES, MIN_PAIRS};
 use crate::error::Result;
 use crate::net::Net;
 
@@ -48,6 +49,9 @@ pub struct CleanModel {
     pub calibration: Calibration,
     /// The reference images of the neighbourhood score.
     pub reference: Reference,
+    /// The map behind the ridge signal ([`super::ridge`]); None in
+    /// checkpoints from before it (the signal then counts as 0).
+    pub ridge: Option<Ridge>,
     /// The bank each caption's similarity is scored against
     /// ([`super::null`]); None in checkpoints from before it, whose
     /// similarity signal is the plain similarity.
@@ -155,6 +159,13 @@ fn caption_null(
     image_of: &[u32],
     held_out: &[usize],
 ) -> Result<Option<CaptionNull>> {
+    let pool = trained_images(image_of, held_out);
+    bank_of(nets, data, &pool, |(images, _)| images)
+}
+
+/// The first pair of each distinct image outside `held_out`, in image
+/// order: where the nulls' banks of images are drawn from.
+fn trained_images(image_of: &[u32], held_out: &[usize]) -> Vec<usize> {
     let distinct = image_of.iter().map(|&g| g as usize + 1).max().unwrap_or(0);
     let mut first = vec![usize::MAX; distinct];
     for (i, &g) in image_of.iter().enumerate().rev() {
@@ -164,11 +175,53 @@ fn caption_null(
     for &i in held_out {
         held[image_of[i] as usize] = true;
     }
-    let pool: Vec<usize> = (0..distinct)
+    (0..distinct)
         .filter(|&g| !held[g] && first[g] != usize::MAX)
         .map(|g| first[g])
+        .collect()
+}
+
+/// At most `m` of `pool`, evenly spaced in its order (no random draw).
+fn evenly_spaced(pool: &[usize], m: usize) -> Vec<usize> {
+    let m = pool.len().min(m);
+    (0..m).map(|j| pool[j * pool.len() / m]).collect()
+}
+
+/// The ridge map ([`super::ridge`]) fitted on the pairs outside
+/// `held_out` (each weighted by `weights[i]`, the method's clean
+/// probability), their pooled image features `images` projected into the
+/// reference's search space and their pooled caption features `captions`;
+/// its bank the first pairs of at most [`super::ridge::BANK`] distinct
+/// images outside `held_out`, evenly spaced. None where it cannot be
+/// fitted.
+fn ridge_of(
+    reference: &Reference,
+    (images, captions): (&Tensor, &Tensor),
+    weights: &[f32],
+    image_of: &[u32],
+    held_out: &[usize],
+) -> Result<Option<Ridge>> {
+    if reference.is_empty() {
+        return Ok(None);
+    }
+    let rows = reference.search_rows(images)?;
+    let texts: Vec<f32> = captions
+        .to_device(&Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1()?;
+    let (w, dt) = (reference.width(), reference.text_dim);
+    let mut fit_weights: Vec<f32> = weights.to_vec();
+    fit_weights.resize(image_of.len(), 0.0);
+    for &i in held_out {
+        fit_weights[i] = 0.0;
+    }
+    let bank: Vec<f32> = evenly_spaced(&trained_images(image_of, held_out), super::ridge::BANK)
+        .iter()
+        .flat_map(|&i| &rows[i * w..(i + 1) * w])
+        .copied()
         .collect();
-    bank_of(nets, data, &pool, |(images, _)| images)
+    Ok(Ridge::fit(&rows, &texts, &fit_weights, &bank, (w, dt)))
 }
 
 /// A null's bank: at most [`BANK`] of the pairs `pool`, evenly spaced in
@@ -183,8 +236,7 @@ fn bank_of(
     if pool.len() < 2 {
         return Ok(None);
     }
-    let m = pool.len().min(BANK);
-    let bank: Vec<usize> = (0..m).map(|j| pool[j * pool.len() / m]).collect();
+    let bank = evenly_spaced(pool, BANK);
     let emb = joint(nets, data, &bank)?;
     let dim = side(&emb[0]).dim(1)?;
     let rows = emb
@@ -270,6 +322,7 @@ impl CleanModel {
             Reference::build(&host(&pi)?, &host(&pt)?, &of, weights, &keep, dims)
                 .compress(super::reference::SEARCH_DIM)?
         };
+        let ridge = ridge_of(&reference, (&pi, &pt), weights, &of, calibration_pairs)?;
         let (null, image_null) = if with_null {
             (
                 caption_null(nets, data, &of, calibration_pairs)?,
@@ -279,7 +332,12 @@ impl CleanModel {
             (None, None)
         };
         let Some((calibration, held)) = calibrate_on(
-            (&reference, null.as_ref(), image_null.as_ref()),
+            (
+                &reference,
+                ridge.as_ref(),
+                null.as_ref(),
+                image_null.as_ref(),
+            ),
             neighbours,
             nets,
             data,
@@ -293,6 +351,7 @@ impl CleanModel {
         let mut model = CleanModel {
             calibration,
             reference,
+            ridge,
             null,
             neighbours,
             trained: None,
@@ -302,7 +361,7 @@ impl CleanModel {
     }
 
     /// The pairs of `data` outside `held_out` (the ones the networks
-    /// trained on) with their own weights of the two signals (each
+    /// trained on) with their own weights of the signals (each
     /// signal's separation of the trained pairs from random pairings among
     /// them, [`super::signal_weight`]) and their scores' distribution under
     /// those weights against that of the held-out pairs, whose signals are
@@ -373,7 +432,7 @@ impl CleanModel {
             let (pi, pt) = pooled(nets, data, &pool)?;
             let images: Vec<u32> = pool.iter().map(|&i| image_of[i]).collect();
             let (s, _) = pairings_with(
-                (reference, self.null.as_ref()),
+                (reference, self.ridge.as_ref(), self.null.as_ref()),
                 k,
                 &emb,
                 (&pi, &pt),
@@ -381,8 +440,7 @@ impl CleanModel {
                 count,
                 rng,
             )?;
-            all.similarity.extend(s.similarity);
-            all.neighbourhood.extend(s.neighbourhood);
+            all.extend(s);
         }
         Ok(all)
     }
@@ -403,7 +461,12 @@ impl CleanModel {
             None => None,
         };
         let fitted = calibrate_on(
-            (&self.reference, self.null.as_ref(), image_null.as_ref()),
+            (
+                &self.reference,
+                self.ridge.as_ref(),
+                self.null.as_ref(),
+                image_null.as_ref(),
+            ),
             self.neighbours,
             nets,
             data,
@@ -414,6 +477,7 @@ impl CleanModel {
         Ok(fitted.map(|(calibration, _)| CleanModel {
             calibration,
             reference: self.reference.clone(),
+            ridge: self.ridge.clone(),
             null: self.null.clone(),
             neighbours: self.neighbours,
             // Fitted on these pairs themselves: nothing to read apart.
@@ -421,13 +485,13 @@ impl CleanModel {
         }))
     }
 
-    /// Both signals of every pair of `data`, a chunk at a time.
+    /// The signals of every pair of `data`, a chunk at a time.
     pub fn signals(&self, nets: &[Net], data: &PairInputs) -> Result<Signals> {
         let all: Vec<usize> = (0..data.len()).collect();
         self.signals_of(nets, data, &all)
     }
 
-    /// Both signals of pairs `idx` of `data`, a chunk at a time.
+    /// The signals of pairs `idx` of `data`, a chunk at a time.
     pub fn signals_of(&self, nets: &[Net], data: &PairInputs, idx: &[usize]) -> Result<Signals> {
         let n = idx.len();
         let mut similarity = Vec::with_capacity(n);
@@ -441,35 +505,37 @@ impl CleanModel {
                 &captions_of(&emb),
             )?);
         }
-        let (neighbourhood, hashes) = self.neighbourhood_of(nets, data, idx, true)?;
-        Ok(Signals {
-            similarity,
-            neighbourhood,
-            hashes,
-        })
+        let mut signals = self.pooled_signals_of(nets, data, idx, true)?;
+        signals.similarity = similarity;
+        Ok(signals)
     }
 
-    /// The neighbourhood score ([`Reference::score`]) and, with `hash`,
-    /// the hash ([`pair_hash`]) of pairs `idx` of `data`, a chunk at a
-    /// time: both from the pooled features. Without `hash` the hashes are
-    /// empty (a model without trained pairs reads none).
-    pub fn neighbourhood_of(
+    /// The signals of pairs `idx` of `data` that come from the pooled
+    /// features, a chunk at a time: the neighbourhood score
+    /// ([`Reference::score`]), the ridge signal where the model has a map,
+    /// and with `hash` the hash ([`pair_hash`]). Without `hash` the hashes
+    /// are empty (a model without trained pairs reads none); the
+    /// similarity is left empty.
+    pub fn pooled_signals_of(
         &self,
         nets: &[Net],
         data: &PairInputs,
         idx: &[usize],
         hash: bool,
-    ) -> Result<(Vec<f32>, Vec<u64>)> {
-        let mut scores = Vec::with_capacity(idx.len());
-        let mut hashed = Vec::with_capacity(idx.len());
+    ) -> Result<Signals> {
+        let mut out = Signals::default();
         for chunk in idx.chunks(CHUNK * 8) {
             let (pi, pt) = pooled(nets, data, chunk)?;
-            scores.extend(self.reference.score(&pi, &pt, self.neighbours)?);
+            let (nb, ridge) =
+                self.reference
+                    .signals(&pi, &pt, self.neighbours, self.ridge.as_ref())?;
+            out.neighbourhood.extend(nb);
+            out.ridge.extend(ridge);
             if hash {
-                hashed.extend(hashes(&pi, &pt)?);
+                out.hashes.extend(hashes(&pi, &pt)?);
             }
         }
-        Ok((scores, hashed))
+        Ok(out)
     }
 
     /// Clean probabilities of every pair of `data`.
@@ -486,19 +552,19 @@ impl CleanModel {
         let Some(trained) = &self.trained else {
             return cal.clean_probs(s);
         };
-        (0..s.similarity.len())
+        (0..s.len())
             .map(|i| {
-                let (a, b) = (s.similarity[i], s.neighbourhood[i]);
+                let row = s.row(i);
+                let w = trained.weights.unwrap_or(cal.weights);
                 match s.hashes.get(i) {
-                    Some(&h) if trained.contains(h) && a.is_finite() && b.is_finite() => {
-                        let w = trained.weights.unwrap_or(cal.weights);
-                        let u = cal.score_with(w, a, b);
+                    Some(&h) if trained.contains(h) && cal.score_with(w, row).is_finite() => {
+                        let u = cal.score_with(w, row);
                         match &trained.own {
                             Some(own) => cal.clean_prob_through(&own.isotonic, u),
                             None => cal.clean_prob_at(trained.held_out_score(u)),
                         }
                     }
-                    _ => cal.clean_prob(a, b),
+                    _ => cal.clean_prob(row),
                 }
             })
             .collect()
@@ -527,8 +593,7 @@ impl CleanModel {
             )));
         }
         let all: Vec<usize> = (0..data.len()).collect();
-        let (neighbourhood, hashes) =
-            self.neighbourhood_of(nets, data, &all, self.trained.is_some())?;
+        let pooled = self.pooled_signals_of(nets, data, &all, self.trained.is_some())?;
         let similarity = match (&self.null, moments) {
             (None, _) => similarity.to_vec(),
             (Some(null), Some(m)) => m.z_scores(null, similarity)?,
@@ -544,8 +609,7 @@ impl CleanModel {
         };
         let signals = Signals {
             similarity,
-            neighbourhood,
-            hashes,
+            ..pooled
         };
         Ok(self.clean_probs_of(&signals))
     }
@@ -585,7 +649,12 @@ fn caption_embeddings(nets: &[Net], data: &PairInputs, idx: &[usize]) -> Result<
 /// null, graded order fell 1.1–2.0 τb (BENCHMARKS.md, "Placeholder
 /// images").
 fn calibrate_on(
-    (reference, null, image_null): (&Reference, Option<&CaptionNull>, Option<&CaptionNull>),
+    (reference, ridge, null, image_null): (
+        &Reference,
+        Option<&Ridge>,
+        Option<&CaptionNull>,
+        Option<&CaptionNull>,
+    ),
     neighbours: usize,
     nets: &[Net],
     data: &PairInputs,
@@ -601,15 +670,17 @@ fn calibrate_on(
     let (pi, pt) = pooled(nets, data, idx)?;
     let local: Vec<u32> = (0..n as u32).collect();
     let plain = similarity_of(&emb, &local, &local)?;
+    let (neighbourhood, ridge_signal) = reference.signals(&pi, &pt, neighbours, ridge)?;
     let observed = Signals {
         similarity: similarity_signal(null, plain.clone(), &captions_of(&emb))?,
-        neighbourhood: reference.score(&pi, &pt, neighbours)?,
+        neighbourhood,
+        ridge: ridge_signal,
         hashes: Vec::new(),
     };
     let images: Vec<u32> = idx.iter().map(|&i| image_of[i]).collect();
     let count = (n * 20).min(MAX_NEGATIVES);
     let (pairings, (a, b)) = pairings_with(
-        (reference, null),
+        (reference, ridge, null),
         neighbours,
         &emb,
         (&pi, &pt),
@@ -627,11 +698,13 @@ fn calibrate_on(
             .iter()
             .map(|(i, _)| i.index_select(&ia, 0))
             .collect::<candle_core::Result<Vec<Tensor>>>()?;
+        // Only the noise share is read here, on the similarity and the
+        // neighbourhood score ([`Calibration::fit`]).
         let by_image = |similarity: Vec<f32>, neighbourhood: &[f32], images: &[Tensor]| {
             Ok::<_, crate::error::Error>(Signals {
                 similarity: inull.z_scores(&similarity, images)?,
                 neighbourhood: neighbourhood.to_vec(),
-                hashes: Vec::new(),
+                ..Default::default()
             })
         };
         let pairs_i = by_image(plain, &observed.neighbourhood, &images_of(&emb))?;
@@ -681,7 +754,7 @@ type Drawn = (Vec<u32>, Vec<u32>);
 /// same image), from the pairs' joint embeddings and pooled features (row
 /// i for pair i); with each pairing's image pair and caption pair.
 fn pairings_with(
-    (reference, null): (&Reference, Option<&CaptionNull>),
+    (reference, ridge, null): (&Reference, Option<&Ridge>, Option<&CaptionNull>),
     neighbours: usize,
     emb: &[(Tensor, Tensor)],
     pooled: (&Tensor, &Tensor),
@@ -720,13 +793,16 @@ fn pairings_with(
         }
         None => similarity,
     };
+    let (neighbourhood, ridge) = reference.signals(
+        &pi.index_select(&ia, 0)?,
+        &pt.index_select(&ib, 0)?,
+        neighbours,
+        ridge,
+    )?;
     let signals = Signals {
         similarity,
-        neighbourhood: reference.score(
-            &pi.index_select(&ia, 0)?,
-            &pt.index_select(&ib, 0)?,
-            neighbours,
-        )?,
+        neighbourhood,
+        ridge,
         hashes: Vec::new(),
     };
     Ok((signals, (a, b)))
@@ -735,7 +811,7 @@ fn pairings_with(
 /// Each signal's weight ([`super::signal_weight`]) from pairs against
 /// random pairings of them; None when neither signal separates them or
 /// either side has fewer than [`MIN_PAIRS`] usable rows.
-fn own_weights(pairs: &Signals, pairings: &Signals) -> Option<[f64; 2]> {
+fn own_weights(pairs: &Signals, pairings: &Signals) -> Option<Weights> {
     super::separation(pairs, pairings).map(|(_, _, w)| w)
 }
 
@@ -748,6 +824,7 @@ mod tests {
         Signals {
             similarity: similarity.to_vec(),
             neighbourhood: neighbourhood.to_vec(),
+            ridge: Vec::new(),
             hashes: hashes.to_vec(),
         }
     }
@@ -823,8 +900,8 @@ mod tests {
         // 1, neighbourhood 0) and pair B (0, 1): read as new pairs B ranks
         // above A, read as trained pairs (hashes 1 and 2) A above B.
         let calibration = Calibration {
-            origin: [0.0, 0.0],
-            weights: [1.0, 9.0],
+            origin: [0.0; 3],
+            weights: [1.0, 9.0, 0.0],
             isotonic: Isotonic {
                 knots: vec![(-10.0, 0.01), (10.0, 0.99)],
             },
@@ -833,7 +910,7 @@ mod tests {
             negatives: 100,
         };
         let grid: Vec<f64> = (0..=100).map(|i| f64::from(i) / 50.0 - 1.0).collect();
-        let trained = TrainedPairs::new(vec![1, 2], &grid, &grid, Some([1.0, 0.0]), None, 10);
+        let trained = TrainedPairs::new(vec![1, 2], &grid, &grid, Some([1.0, 0.0, 0.0]), None, 10);
         let model = CleanModel {
             calibration,
             reference: Reference {
@@ -844,6 +921,7 @@ mod tests {
                 text_dim: 1,
                 projection: Vec::new(),
             },
+            ridge: None,
             null: None,
             neighbours: 1,
             trained,

@@ -33,7 +33,7 @@
 //!
 //! Training also sharpens the trained similarity more than the
 //! neighbourhood score (which never compares a pair with its own image), so
-//! the two signals are weighed afresh for the trained pairs: each by how
+//! the signals are weighed afresh for the trained pairs: each by how
 //! well it alone separates the trained pairs from random pairings among
 //! them ([`super::signal_weight`]), as the calibration weighs them for
 //! held-out pairs. With the held-out weights the trained pairs ranked
@@ -76,10 +76,10 @@ pub struct TrainedPairs {
     pub trained: Vec<f64>,
     /// The held-out pairs' scores at the same probabilities.
     pub held_out: Vec<f64>,
-    /// Weights of (similarity, neighbourhood) in a trained pair's score
+    /// Weights of the signals ([`super::Signals::row`]) in a trained pair's score
     /// (about the calibration's origin); None: the calibration's own
     /// weights (checkpoints from before they were fitted apart).
-    pub weights: Option<[f64; 2]>,
+    pub weights: Option<super::Weights>,
     /// The trained pairs' own density ratio ([`OwnRatio`]); None: they are
     /// read at their quantile ([`TrainedPairs::held_out_score`]), as in
     /// checkpoints from before it, or when no shift could be measured.
@@ -259,7 +259,7 @@ impl TrainedPairs {
         mut hashes: Vec<u64>,
         trained: &[f64],
         held_out: &[f64],
-        weights: Option<[f64; 2]>,
+        weights: Option<super::Weights>,
         own: Option<OwnRatio>,
         min_pairs: usize,
     ) -> Option<TrainedPairs> {
@@ -351,9 +351,10 @@ pub struct SavedQuantiles {
     /// [`TrainedPairs::held_out`].
     pub held_out: Vec<f64>,
     /// [`TrainedPairs::weights`]; absent in checkpoints from before the
-    /// trained pairs' signals were weighed apart.
-    #[serde(default)]
-    pub weights: Option<[f64; 2]>,
+    /// trained pairs' signals were weighed apart; two values in those
+    /// from before the ridge signal.
+    #[serde(default, deserialize_with = "super::padded_option")]
+    pub weights: Option<super::Weights>,
     /// [`TrainedPairs::own`]; absent in checkpoints from before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub own: Option<OwnRatio>,
@@ -453,8 +454,8 @@ mod tests {
         let clean: Vec<bool> = (0..trained.len()).map(|i| i >= noisy).collect();
         let pairings = normals(3, 20_000, 0.0);
         let cal = super::super::Calibration {
-            origin: [0.0; 2],
-            weights: [1.0, 0.0],
+            origin: [0.0; 3],
+            weights: [1.0, 0.0, 0.0],
             isotonic: super::super::isotonic::Isotonic { knots: Vec::new() },
             noise: 0.2,
             pairs: 0,
