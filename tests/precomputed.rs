@@ -678,8 +678,22 @@ fn the_image_null_counts_images_that_fit_no_caption_as_noise() {
         "ECE {ece}, mean {mean}: {null}"
     );
     assert!(f(&null, "auroc") > 0.99, "{null}");
-    // The image null sets the noise share at fit; `score` reads it from
-    // the checkpoint and gives fit's labels.
+    // The final model weighs the ridge signal (the third weight) for new
+    // pairs; the trained pairs, which the ridge map was fitted on, are
+    // weighed without it.
+    let model = &state(&run)["pipeline"]["clean_model"];
+    let weights = |v: &serde_json::Value| -> Vec<f64> {
+        let a = v.as_array().expect("an array of weights");
+        a.iter().map(|x| x.as_f64().expect("a number")).collect()
+    };
+    let held = weights(&model["calibration"]["weights"]);
+    let trained = weights(&model["trained_quantiles"]["weights"]);
+    assert_eq!(held.len(), 3, "{model}");
+    assert!(held[2] > 0.0, "ridge weight {held:?}");
+    assert_eq!(trained.len(), 3, "{model}");
+    assert_eq!(trained[2], 0.0, "trained pairs' ridge weight {trained:?}");
+    // The image null sets the noise share at fit; `score` reads it (and
+    // the ridge map) from the checkpoint and gives fit's labels.
     let (labels, _) = read_labels(&run.join("labels.parquet")).unwrap();
     assert_eq!(rescored(&data, &run), labels);
 }
