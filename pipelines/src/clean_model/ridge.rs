@@ -24,8 +24,9 @@
 //! similarity there (issue #31).
 //!
 //! Held-out calibration pairs are not in the fit (they stand for new
-//! pairs), and the pairs that are in it are weighed without this signal
-//! ([`super::signals`]: it partly recalls their captions). Every
+//! pairs), and the pairs the networks trained on are weighed without this
+//! signal ([`super::signals`]: beside their sharpened similarity it cost
+//! them graded order). Every
 //! prediction and dot product is a fixed chain of multiply-adds per row
 //! ([`PackedLinear`]), so a pair's signal does not depend on the rows
 //! scored with it.
