@@ -500,6 +500,22 @@ fn embeddings_of_no_values_or_too_many_are_refused_up_front() {
     }
 }
 
+/// A real caption's embedding for image content `z`: the fixed linear
+/// `map` of it plus `offset` (the cone sentence embeddings lie in) and a
+/// little noise.
+fn in_cone(map: &[Vec<f32>], offset: &[f32], z: &[f32], rng: &mut Rng) -> Vec<f32> {
+    map.iter()
+        .zip(offset)
+        .map(|(row, o)| o + row.iter().zip(z).map(|(a, b)| a * b).sum::<f32>() + 0.1 * rng.next())
+        .collect()
+}
+
+/// One of a few fixed vectors (a template, a placeholder) plus a little
+/// noise.
+fn near(v: &[f32], rng: &mut Rng) -> Vec<f32> {
+    v.iter().map(|x| x + 0.02 * rng.next()).collect()
+}
+
 /// `n` pairs like [`embedding_pairs`]' clean ones (width 16 on both
 /// sides), except every fifth, whose text embedding is one of five fixed
 /// "boilerplate" vectors plus a little noise: a caption that describes no
@@ -518,18 +534,10 @@ fn boilerplate_pairs(dir: &Path, n: usize) -> std::path::PathBuf {
         let z = rng.vec(DIM);
         img.push(Some(z.iter().map(|x| x + 0.1 * rng.next()).collect()));
         let boilerplate = i % 5 == 2;
-        let t: Vec<f32> = if boilerplate {
-            templates[i % 7 % 5]
-                .iter()
-                .map(|x| x + 0.02 * rng.next())
-                .collect()
+        let t = if boilerplate {
+            near(&templates[i % 7 % 5], &mut rng)
         } else {
-            map.iter()
-                .zip(&offset)
-                .map(|(row, o)| {
-                    o + row.iter().zip(&z).map(|(a, b)| a * b).sum::<f32>() + 0.1 * rng.next()
-                })
-                .collect()
+            in_cone(&map, &offset, &z, &mut rng)
         };
         txt.push(Some(t));
         noisy.push(boilerplate);
@@ -620,22 +628,12 @@ fn placeholder_pairs(dir: &Path, n: usize) -> std::path::PathBuf {
         let z = rng.vec(DIM);
         let placeholder = i % 5 == 2;
         let shown: Vec<f32> = if placeholder {
-            placeholders[i % 7 % 5]
-                .iter()
-                .map(|x| x + 0.02 * rng.next())
-                .collect()
+            near(&placeholders[i % 7 % 5], &mut rng)
         } else {
             z.iter().map(|x| x + 0.1 * rng.next()).collect()
         };
         img.push(Some(shown));
-        let t: Vec<f32> = map
-            .iter()
-            .zip(&offset)
-            .map(|(row, o)| {
-                o + row.iter().zip(&z).map(|(a, b)| a * b).sum::<f32>() + 0.1 * rng.next()
-            })
-            .collect();
-        txt.push(Some(t));
+        txt.push(Some(in_cone(&map, &offset, &z, &mut rng)));
         noisy.push(placeholder);
     }
     write_pairs(&dir.join("placeholder.parquet"), &img, &txt, noisy)

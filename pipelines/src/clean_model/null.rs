@@ -45,7 +45,7 @@ pub const BANK: usize = 256;
 
 /// Smallest standard deviation a caption's null is divided by (a caption
 /// whose similarities with the bank are all equal).
-const MIN_SD: f32 = 1e-4;
+pub(super) const MIN_SD: f32 = 1e-4;
 
 /// Rows of pairs whose null similarities are held at once.
 const ROWS: usize = 4096;

@@ -216,14 +216,14 @@ impl Reference {
             .to_device(&Device::Cpu)?
             .flatten_all()?
             .to_vec1()?;
+        // The projected queries as host rows, once for both signals (the
+        // search on an accelerator reads them from the device).
+        let queries: Vec<f32> = images.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?;
         let ridge = match ridge {
-            Some(m) => {
-                let queries: Vec<f32> = images.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?;
-                m.scores(&queries, &captions)
-            }
+            Some(m) => m.scores(&queries, &captions)?,
             None => Vec::new(),
         };
-        Ok((self.neighbourhood(&images, &captions, k)?, ridge))
+        Ok((self.neighbourhood(&images, &queries, &captions, k)?, ridge))
     }
 
     /// Unit image features `[n, image_dim]` (any device) in the search
@@ -236,9 +236,16 @@ impl Reference {
             .to_vec1()?)
     }
 
-    /// [`Reference::score`] of queries already in the search space, with
-    /// their unit caption features as host rows.
-    fn neighbourhood(&self, images: &Tensor, captions: &[f32], k: usize) -> Result<Vec<f32>> {
+    /// [`Reference::score`] of queries already in the search space
+    /// (`images`, and the same as host rows `queries`), with their unit
+    /// caption features as host rows.
+    fn neighbourhood(
+        &self,
+        images: &Tensor,
+        queries: &[f32],
+        captions: &[f32],
+        k: usize,
+    ) -> Result<Vec<f32>> {
         let n = images.dim(0)?;
         let device = images.device().clone();
         let r = self.len();
@@ -261,14 +268,13 @@ impl Reference {
             // ([`PackedLinear`]), the same bits whatever rows surround it.
             let w = self.width();
             let packed = PackedLinear::new(&self.images, r, w);
-            let queries: Vec<f32> = images.flatten_all()?.to_vec1()?;
             // A query's look-alikes depend on its image alone: where images
             // repeat (five captions an image, or the random pairings `fit`
             // draws among a few hundred held-out images) each distinct one
             // is searched once and its list shared by its captions. The
             // search gives a row the same list whatever rows are searched
             // with it, so the scores are those of searching every row.
-            let (first, of) = distinct_rows(&queries, w, |_| None);
+            let (first, of) = distinct_rows(queries, w, |_| None);
             if first.len() == n {
                 let parts = par_map(&pieces(n, r), |p| {
                     let mut look = vec![0f32; p.len() * r];

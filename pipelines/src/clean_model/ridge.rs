@@ -33,6 +33,9 @@
 
 use ncclean_models::packed_linear::PackedLinear;
 
+use candle_core::Result;
+
+use super::null::MIN_SD;
 use crate::scoring::par_map;
 
 /// Ridge strength relative to the mean eigenvalue of the weighted, centred
@@ -42,12 +45,6 @@ use crate::scoring::par_map;
 /// cosine, full features); the three-signal score moved by at most 0.2
 /// over that range.
 pub const STRENGTH: f64 = 0.3;
-
-/// Images of the bank each caption's null is drawn from.
-pub const BANK: usize = 256;
-
-/// Smallest standard deviation a caption's null is divided by.
-const MIN_SD: f32 = 1e-4;
 
 /// Query rows per task on the thread pool.
 const PIECE: usize = 256;
@@ -220,18 +217,18 @@ impl Ridge {
     /// cosine of caption and prediction as a z-score against that
     /// caption's cosines with the bank's predictions; NaN where the
     /// prediction is zero or a value is not finite.
-    pub fn scores(&self, images: &[f32], captions: &[f32]) -> Vec<f32> {
+    pub fn scores(&self, images: &[f32], captions: &[f32]) -> Result<Vec<f32>> {
         let (w, dt) = (self.width, self.text_dim);
         let n = images.len() / w.max(1);
         if n == 0 || captions.len() < n * dt {
-            return vec![f32::NAN; n];
+            return Ok(vec![f32::NAN; n]);
         }
         let bank = PackedLinear::new(&self.bank, self.bank_len(), dt);
         let pieces: Vec<std::ops::Range<usize>> = (0..n)
             .step_by(PIECE)
             .map(|s| s..(s + PIECE).min(n))
             .collect();
-        let parts = par_map(&pieces, |p| {
+        let parts = par_map(&pieces, |p: &std::ops::Range<usize>| -> Result<Vec<f32>> {
             let predicted = self.predict(&images[p.start * w..p.end * w]);
             let caps = &captions[p.start * dt..p.end * dt];
             let m = self.bank_len();
@@ -243,11 +240,8 @@ impl Ridge {
                 .zip(null.chunks(m))
                 .map(|((pred, cap), null)| z_score(pred, cap, null))
                 .collect::<Vec<f32>>())
-        });
-        match parts {
-            Ok(parts) => parts.concat(),
-            Err(_) => vec![f32::NAN; n],
-        }
+        })?;
+        Ok(parts.concat())
     }
 }
 
@@ -407,10 +401,10 @@ mod tests {
             (w, dt),
         )
         .expect("fitted");
-        let own = r.scores(&images, &captions);
+        let own = r.scores(&images, &captions).expect("scored");
         let mut shifted = images[w..].to_vec();
         shifted.extend_from_slice(&images[..w]);
-        let other = r.scores(&shifted, &captions);
+        let other = r.scores(&shifted, &captions).expect("scored");
         let mean = |v: &[f32]| v.iter().map(|&x| f64::from(x)).sum::<f64>() / v.len() as f64;
         assert!(mean(&own) > 1.2, "own captions {}", mean(&own));
         assert!(mean(&other).abs() < 0.3, "other images' {}", mean(&other));
@@ -418,7 +412,9 @@ mod tests {
         assert!(above as f64 > 0.9 * n as f64, "{above} of {n}");
         // A row's bits do not depend on the rows scored with it.
         for q in [0, 7, 300, n - 1] {
-            let one = r.scores(&images[q * w..(q + 1) * w], &captions[q * dt..(q + 1) * dt]);
+            let one = r
+                .scores(&images[q * w..(q + 1) * w], &captions[q * dt..(q + 1) * dt])
+                .expect("scored");
             assert_eq!(one[0].to_bits(), own[q].to_bits(), "row {q}");
         }
     }

@@ -190,13 +190,14 @@ fn evenly_spaced(pool: &[usize], m: usize) -> Vec<usize> {
 /// The ridge map ([`super::ridge`]) fitted on the pairs outside
 /// `held_out` (each weighted by `weights[i]`, the method's clean
 /// probability), their pooled image features `images` projected into the
-/// reference's search space and their pooled caption features `captions`;
-/// its bank the first pairs of at most [`super::ridge::BANK`] distinct
+/// reference's search space and their pooled caption features `texts`
+/// (host rows, as the reference was built from);
+/// its bank the first pairs of at most [`BANK`] distinct
 /// images outside `held_out`, evenly spaced. None where it cannot be
 /// fitted.
 fn ridge_of(
     reference: &Reference,
-    (images, captions): (&Tensor, &Tensor),
+    (images, texts): (&Tensor, &[f32]),
     weights: &[f32],
     image_of: &[u32],
     held_out: &[usize],
@@ -205,23 +206,18 @@ fn ridge_of(
         return Ok(None);
     }
     let rows = reference.search_rows(images)?;
-    let texts: Vec<f32> = captions
-        .to_device(&Device::Cpu)?
-        .to_dtype(DType::F32)?
-        .flatten_all()?
-        .to_vec1()?;
     let (w, dt) = (reference.width(), reference.text_dim);
     let mut fit_weights: Vec<f32> = weights.to_vec();
     fit_weights.resize(image_of.len(), 0.0);
     for &i in held_out {
         fit_weights[i] = 0.0;
     }
-    let bank: Vec<f32> = evenly_spaced(&trained_images(image_of, held_out), super::ridge::BANK)
+    let bank: Vec<f32> = evenly_spaced(&trained_images(image_of, held_out), BANK)
         .iter()
         .flat_map(|&i| &rows[i * w..(i + 1) * w])
         .copied()
         .collect();
-    Ok(Ridge::fit(&rows, &texts, &fit_weights, &bank, (w, dt)))
+    Ok(Ridge::fit(&rows, texts, &fit_weights, &bank, (w, dt)))
 }
 
 /// A null's bank: at most [`BANK`] of the pairs `pool`, evenly spaced in
@@ -315,14 +311,13 @@ impl CleanModel {
             keep.sort_unstable();
         }
         let dims = (pi.dim(1)?, pt.dim(1)?);
-        let reference = {
-            let host = |t: &Tensor| -> Result<Vec<f32>> {
-                Ok(t.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?)
-            };
-            Reference::build(&host(&pi)?, &host(&pt)?, &of, weights, &keep, dims)
-                .compress(super::reference::SEARCH_DIM)?
+        let host = |t: &Tensor| -> Result<Vec<f32>> {
+            Ok(t.to_device(&Device::Cpu)?.flatten_all()?.to_vec1()?)
         };
-        let ridge = ridge_of(&reference, (&pi, &pt), weights, &of, calibration_pairs)?;
+        let texts = host(&pt)?;
+        let reference = Reference::build(&host(&pi)?, &texts, &of, weights, &keep, dims)
+            .compress(super::reference::SEARCH_DIM)?;
+        let ridge = ridge_of(&reference, (&pi, &texts), weights, &of, calibration_pairs)?;
         let (null, image_null) = if with_null {
             (
                 caption_null(nets, data, &of, calibration_pairs)?,
@@ -440,8 +435,10 @@ impl CleanModel {
             let emb = joint(nets, data, &pool)?;
             let (pi, pt) = pooled(nets, data, &pool)?;
             let images: Vec<u32> = pool.iter().map(|&i| image_of[i]).collect();
+            // No ridge signal: trained pairs are weighed without it
+            // ([`CleanModel::trained_pairs`]).
             let (s, _) = pairings_with(
-                (reference, self.ridge.as_ref(), self.null.as_ref()),
+                (reference, None, self.null.as_ref()),
                 k,
                 &emb,
                 (&pi, &pt),
