@@ -18,7 +18,7 @@ use crate::batches::shuffled_batches;
 use crate::clean_model::null::{CaptionNull, NullSink};
 use crate::clean_model::ridge::Ridge;
 use crate::clean_model::signals::{CleanModel, FitOptions};
-use crate::clean_model::trained::{SavedQuantiles, TrainedPairs};
+use crate::clean_model::trained::{DivisionOrder, SavedQuantiles, TrainedPairs};
 use crate::clean_model::Reference;
 use crate::config::{CleanProbSource, TrainConfig};
 use crate::division::Division;
@@ -41,6 +41,10 @@ const RIDGE_BIAS: &str = "clean_model.ridge.bias";
 const RIDGE_BANK: &str = "clean_model.ridge.bank";
 /// Name of the trained pairs' hashes ([`TrainedPairs::hash_array`]).
 const TRAINED_HASHES: &str = "clean_model.trained.hashes";
+/// Name of the trained pairs' division quantiles
+/// ([`crate::clean_model::trained::DivisionOrder::quantile`]), in the
+/// hashes' order.
+const TRAINED_DIVISION: &str = "clean_model.trained.division";
 
 /// Name of network k's bank of the caption null
 /// ([`crate::clean_model::null::CaptionNull`]).
@@ -107,12 +111,27 @@ fn load_clean_model(
                     q.held_out.len()
                 )));
             }
+            let division = match (q.division_order, pairs.remove(TRAINED_DIVISION)) {
+                (Some(order), Some(quantile))
+                    if quantile.len() == hashes.len() && order.len() == q.trained.len() =>
+                {
+                    Some(DivisionOrder { quantile, order })
+                }
+                (None, None) => None,
+                _ => {
+                    return Err(bad(format!(
+                        "the trained pairs' division order does not fit their {} hashes",
+                        hashes.len()
+                    )))
+                }
+            };
             Some(TrainedPairs {
                 hashes,
                 trained: q.trained,
                 held_out: q.held_out,
                 weights: q.weights,
                 own: q.own,
+                division,
             })
         }
         (None, None) => None,
@@ -898,6 +917,7 @@ impl<M: Method> Pipeline for Runner<M> {
                     held_out: t.held_out.clone(),
                     weights: t.weights,
                     own: t.own.clone(),
+                    division_order: t.division.as_ref().map(|d| d.order.clone()),
                 }),
                 "null_dim": m.null.as_ref().map(|n| n.dim),
             })),
@@ -920,6 +940,9 @@ impl<M: Method> Pipeline for Runner<M> {
             }
             if let Some(t) = &m.trained {
                 out.push((TRAINED_HASHES.into(), t.hash_array()));
+                if let Some(d) = &t.division {
+                    out.push((TRAINED_DIVISION.into(), d.quantile.clone()));
+                }
             }
             if let Some(r) = &m.ridge {
                 out.push((RIDGE_MAP.into(), r.map.clone()));
@@ -1231,6 +1254,59 @@ mod tests {
         )?;
         copy_weights(p.as_ref(), q.as_mut())?;
         assert_eq!(q.score(&data, &[n], false, &mut Silent)?, scores);
+
+        // The method's division reorders the trained pairs
+        // (`trained::DivisionOrder`). A checkpoint without it (from before
+        // it) loads and reads every trained pair by its score alone: other
+        // trained pairs' labels, the same held-out ones, and the trained
+        // pairs' labels as a whole the same.
+        assert!(
+            quantiles["division_order"].is_array(),
+            "no division order: {quantiles}"
+        );
+        let mut old = state.clone();
+        old["clean_model"]["trained_quantiles"]
+            .as_object_mut()
+            .expect("an object")
+            .remove("division_order");
+        let without: Vec<(String, Vec<f32>)> = p
+            .pair_state()
+            .into_iter()
+            .filter(|(name, _)| name != TRAINED_DIVISION)
+            .collect();
+        let mut r = build()?;
+        r.load_state(&old, without)?;
+        copy_weights(p.as_ref(), r.as_mut())?;
+        let plain = r.score(&data, &[n], false, &mut Silent)?;
+        for &i in &held {
+            assert_eq!(
+                plain.clean_prob[i], scores.clean_prob[i],
+                "held-out pair {i}"
+            );
+        }
+        let moved = trained
+            .iter()
+            .filter(|&&i| plain.clean_prob[i] != scores.clean_prob[i])
+            .count();
+        assert!(moved > 0, "the division moved no trained pair");
+        let mean_plain = trained
+            .iter()
+            .map(|&i| f64::from(plain.clean_prob[i]))
+            .sum::<f64>()
+            / trained.len() as f64;
+        assert!((mean_plain - mt).abs() < 0.005, "{mean_plain} against {mt}");
+        // Half of it (the order without the per-pair quantiles) is refused.
+        let mut s = build()?;
+        let without: Vec<(String, Vec<f32>)> = p
+            .pair_state()
+            .into_iter()
+            .filter(|(name, _)| name != TRAINED_DIVISION)
+            .collect();
+        let err = s.load_state(&state, without).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("division order")),
+            "{err:?}"
+        );
         Ok(())
     }
 

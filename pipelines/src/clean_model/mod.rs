@@ -48,7 +48,11 @@
 //! networks trained on are told from random pairings among themselves,
 //! moved up by what memorisation adds to a mismatched pair, or else read
 //! at their quantile among the trained pairs ([`trained`]), so
-//! memorisation does not make them look cleaner.
+//! memorisation does not make them look cleaner. Among themselves they
+//! are ordered by their signals and, with a third of the weight, by the
+//! method's own division of them, which read how each pair behaved in
+//! training ([`trained::DivisionOrder`]); that changes which trained pair
+//! holds which score, not the scores they hold.
 //!
 //! Everything is fitted once at the end of `fit` and kept in the
 //! checkpoint, so a pair's `clean_prob` depends on the pair and the

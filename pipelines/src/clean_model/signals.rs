@@ -351,7 +351,8 @@ impl CleanModel {
             neighbours,
             trained: None,
         };
-        model.trained = model.trained_pairs(nets, data, (calibration_pairs, &held), &of, rng)?;
+        model.trained =
+            model.trained_pairs(nets, data, (calibration_pairs, &held), weights, &of, rng)?;
         Ok(Some(model))
     }
 
@@ -360,13 +361,16 @@ impl CleanModel {
     /// signal's separation of the trained pairs from random pairings among
     /// them, [`super::signal_weight`]) and their scores' distribution under
     /// those weights against that of the held-out pairs, whose signals are
-    /// `held`; None when either is too small. `image_of[i]`: pair i's
+    /// `held`; None when either is too small. `division[i]`: the method's
+    /// clean probability of pair i, read beside the trained pairs' scores
+    /// ([`super::trained::DivisionOrder`]). `image_of[i]`: pair i's
     /// distinct image.
     fn trained_pairs(
         &self,
         nets: &[Net],
         data: &PairInputs,
         (held_out, held): (&[usize], &Signals),
+        division: &[f32],
         image_of: &[u32],
         rng: &mut Rng,
     ) -> Result<Option<TrainedPairs>> {
@@ -399,6 +403,13 @@ impl CleanModel {
             cal,
             &held_scores,
         );
+        // Empty (no division order) when the division does not cover
+        // every trained pair.
+        let division: Vec<f64> = trained
+            .iter()
+            .map(|&i| division.get(i).map(|&p| f64::from(p)))
+            .collect::<Option<_>>()
+            .unwrap_or_default();
         Ok(TrainedPairs::new(
             t.hashes.clone(),
             &scores,
@@ -406,7 +417,8 @@ impl CleanModel {
             Some(weights),
             own,
             MIN_PAIRS,
-        ))
+        )
+        .map(|p| p.with_division(&t.hashes, &scores, &division)))
     }
 
     /// Random pairings among pairs `idx` (the trained pairs), drawn within
@@ -564,7 +576,7 @@ impl CleanModel {
                 let w = trained.weights.unwrap_or(cal.weights);
                 match s.hashes.get(i) {
                     Some(&h) if trained.contains(h) && cal.score_with(w, row).is_finite() => {
-                        let u = cal.score_with(w, row);
+                        let u = trained.ordered_score(h, cal.score_with(w, row));
                         match &trained.own {
                             Some(own) => cal.clean_prob_through(&own.isotonic, u),
                             None => cal.clean_prob_at(trained.held_out_score(u)),
