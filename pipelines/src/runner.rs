@@ -18,7 +18,7 @@ use crate::batches::shuffled_batches;
 use crate::clean_model::null::{CaptionNull, NullSink};
 use crate::clean_model::ridge::Ridge;
 use crate::clean_model::signals::{CleanModel, FitOptions};
-use crate::clean_model::trained::{DivisionOrder, SavedQuantiles, TrainedPairs};
+use crate::clean_model::trained::{sorted_and_finite, DivisionOrder, SavedQuantiles, TrainedPairs};
 use crate::clean_model::Reference;
 use crate::config::{CleanProbSource, TrainConfig};
 use crate::division::Division;
@@ -104,6 +104,11 @@ fn load_clean_model(
         (Some(q), Some(a)) => {
             let hashes = TrainedPairs::hashes_from_array(&a)
                 .ok_or_else(|| bad(format!("{TRAINED_HASHES} holds values that are not hashes")))?;
+            if !(sorted_and_finite(&q.trained) && sorted_and_finite(&q.held_out)) {
+                return Err(bad(
+                    "the trained pairs' quantiles are not sorted finite numbers".into(),
+                ));
+            }
             if q.trained.len() != q.held_out.len() || q.trained.is_empty() {
                 return Err(bad(format!(
                     "{} trained and {} held-out quantiles",
@@ -113,14 +118,18 @@ fn load_clean_model(
             }
             let division = match (q.division_order, pairs.remove(TRAINED_DIVISION)) {
                 (Some(order), Some(quantile))
-                    if quantile.len() == hashes.len() && order.len() == q.trained.len() =>
+                    if quantile.len() == hashes.len()
+                        && order.len() == q.trained.len()
+                        && sorted_and_finite(&order)
+                        && quantile.iter().all(|p| (0.0..=1.0).contains(p)) =>
                 {
                     Some(DivisionOrder { quantile, order })
                 }
                 (None, None) => None,
                 _ => {
                     return Err(bad(format!(
-                        "the trained pairs' division order does not fit their {} hashes",
+                        "the trained pairs' division order does not fit their {} hashes \
+                         (missing, of another length, or not sorted quantiles)",
                         hashes.len()
                     )))
                 }
@@ -1307,6 +1316,28 @@ mod tests {
             err.as_deref().is_some_and(|e| e.contains("division order")),
             "{err:?}"
         );
+        // Quantiles out of order, or not numbers (a damaged checkpoint),
+        // are refused with what is wrong, not read into a panic.
+        let mut reversed = state.clone();
+        let order = &mut reversed["clean_model"]["trained_quantiles"]["division_order"];
+        let mut values: Vec<f64> = serde_json::from_value(order.clone()).expect("numbers");
+        values.reverse();
+        *order = serde_json::json!(values);
+        let err = build()?
+            .load_state(&reversed, p.pair_state())
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("division order")),
+            "{err:?}"
+        );
+        let mut broken = state.clone();
+        broken["clean_model"]["trained_quantiles"]["trained"][3] = serde_json::json!(null);
+        let err = build()?
+            .load_state(&broken, p.pair_state())
+            .err()
+            .map(|e| e.to_string());
+        assert!(err.is_some(), "a null quantile was read");
         Ok(())
     }
 

@@ -203,8 +203,18 @@ fn probability_of(q: &[f64], x: f64) -> f64 {
     if lo_run < hi {
         return (lo_run + hi - 1) as f64 / 2.0 / last_pos;
     }
+    if hi == 0 || hi >= q.len() {
+        // Only where `q` is not sorted and finite, which loading refuses
+        // ([`sorted_and_finite`]).
+        return 0.5;
+    }
     let lo = hi - 1;
     (lo as f64 + (x - q[lo]) / (q[hi] - q[lo])) / last_pos
+}
+
+/// Whether `v` is sorted and finite, as kept quantiles are.
+pub fn sorted_and_finite(v: &[f64]) -> bool {
+    v.iter().all(|x| x.is_finite()) && v.windows(2).all(|w| w[0] <= w[1])
 }
 
 /// Mid-rank quantiles of `v` in `(0, 1)`: `(rank − ½) / n`, ties at the
