@@ -570,13 +570,17 @@ impl CleanModel {
         let Some(trained) = &self.trained else {
             return cal.clean_probs(s);
         };
+        let w = trained.weights.unwrap_or(cal.weights);
         (0..s.len())
             .map(|i| {
                 let row = s.row(i);
-                let w = trained.weights.unwrap_or(cal.weights);
-                match s.hashes.get(i) {
-                    Some(&h) if trained.contains(h) && cal.score_with(w, row).is_finite() => {
-                        let u = trained.ordered_score(h, cal.score_with(w, row));
+                // Looked up once; a new pair's trained-pair score is never
+                // computed.
+                let at = s.hashes.get(i).and_then(|&h| trained.index_of(h));
+                let u = at.map(|at| (at, cal.score_with(w, row)));
+                match u {
+                    Some((at, u)) if u.is_finite() => {
+                        let u = trained.ordered_score_at(at, u);
                         match &trained.own {
                             Some(own) => cal.clean_prob_through(&own.isotonic, u),
                             None => cal.clean_prob_at(trained.held_out_score(u)),

@@ -180,6 +180,36 @@ fn quantile_at(v: &[f64], p: f64) -> f64 {
     at_position(v, (v.len() - 1) as f64 * p.clamp(0.0, 1.0))
 }
 
+/// Where `x` falls among sorted kept quantiles `q` within their range.
+enum Place {
+    /// `x` equals the kept quantiles `first..=last` (a run of ties, or one).
+    Tie(usize, usize),
+    /// `x` lies strictly between `q[lo]` and `q[lo + 1]`, this fraction of
+    /// the way.
+    Between(usize, f64),
+}
+
+/// [`Place`] of `x` in `q[0]..=q[last]`; None outside that range, for
+/// NaN, or where `q` is not sorted (loading refuses such quantiles:
+/// [`sorted_and_finite`]).
+fn place(q: &[f64], x: f64) -> Option<Place> {
+    let (&first, &last) = (q.first()?, q.last()?);
+    if x.is_nan() || x < first || x > last {
+        return None;
+    }
+    // First kept quantile above x; ties (many equal scores) are a run.
+    let hi = q.partition_point(|&v| v <= x);
+    let lo_run = q.partition_point(|&v| v < x);
+    if lo_run < hi {
+        return Some(Place::Tie(lo_run, hi - 1));
+    }
+    if hi == 0 || hi >= q.len() {
+        return None;
+    }
+    let lo = hi - 1;
+    Some(Place::Between(lo, (x - q[lo]) / (q[hi] - q[lo])))
+}
+
 /// The probability at which kept quantiles `q` (sorted, as
 /// [`quantiles`]) reach `x`: the inverse of [`quantile_at`], linear
 /// between kept quantiles, the middle of a run of equal ones, 0 below and
@@ -198,18 +228,11 @@ fn probability_of(q: &[f64], x: f64) -> f64 {
     if x > last {
         return 1.0;
     }
-    let hi = q.partition_point(|&v| v <= x);
-    let lo_run = q.partition_point(|&v| v < x);
-    if lo_run < hi {
-        return (lo_run + hi - 1) as f64 / 2.0 / last_pos;
+    match place(q, x) {
+        Some(Place::Tie(a, b)) => (a + b) as f64 / 2.0 / last_pos,
+        Some(Place::Between(lo, w)) => (lo as f64 + w) / last_pos,
+        None => 0.5,
     }
-    if hi == 0 || hi >= q.len() {
-        // Only where `q` is not sorted and finite, which loading refuses
-        // ([`sorted_and_finite`]).
-        return 0.5;
-    }
-    let lo = hi - 1;
-    (lo as f64 + (x - q[lo]) / (q[hi] - q[lo])) / last_pos
 }
 
 /// Whether `v` is sorted and finite, as kept quantiles are.
@@ -428,13 +451,14 @@ impl TrainedPairs {
             // A hash of a pair with no finite score sits in the middle.
             quantile.push(if count > 0 { sum / count as f64 } else { 0.5 } as f32);
         }
-        let mut orders = Vec::with_capacity(kept.len());
-        for &i in &kept {
-            let Ok(at) = self.hashes.binary_search(&hashes[i]) else {
-                return self;
-            };
-            orders.push(self.order_of(scores[i], quantile[at]));
-        }
+        // Every kept pair's hash is among `self.hashes` (built from them).
+        let orders: Vec<f64> = kept
+            .iter()
+            .filter_map(|&i| {
+                let at = self.index_of(hashes[i])?;
+                Some(self.order_of(scores[i], quantile[at]))
+            })
+            .collect();
         self.division = Some(DivisionOrder {
             quantile,
             order: quantiles(&orders, QUANTILES),
@@ -449,28 +473,32 @@ impl TrainedPairs {
             + DIVISION_SHARE * f64::from(division_quantile)
     }
 
-    /// The score of the trained pair with hash `hash` once the method's
-    /// division is read beside its score `u` ([`DivisionOrder`]): the
-    /// trained score at the quantile its order holds. `u` itself without
-    /// a division order, for a hash not trained on, or a score that is
-    /// not finite.
-    pub fn ordered_score(&self, hash: u64, u: f64) -> f64 {
+    /// The score of the trained pair at `at` in [`TrainedPairs::hashes`]
+    /// ([`TrainedPairs::index_of`]) once the method's division is read
+    /// beside its score `u` ([`DivisionOrder`]): the trained score at the
+    /// quantile its order holds. `u` itself without a division order, or
+    /// for a score that is not finite.
+    pub fn ordered_score_at(&self, at: usize, u: f64) -> f64 {
         let Some(d) = &self.division else {
             return u;
         };
-        let Ok(at) = self.hashes.binary_search(&hash) else {
-            return u;
-        };
-        if !u.is_finite() || d.quantile.len() != self.hashes.len() {
-            return u;
+        match d.quantile.get(at) {
+            Some(&q) if u.is_finite() => {
+                quantile_at(&self.trained, probability_of(&d.order, self.order_of(u, q)))
+            }
+            _ => u,
         }
-        let order = self.order_of(u, d.quantile[at]);
-        quantile_at(&self.trained, probability_of(&d.order, order))
+    }
+
+    /// Where the pair with this hash is in [`TrainedPairs::hashes`]; None
+    /// when it was not trained on.
+    pub fn index_of(&self, hash: u64) -> Option<usize> {
+        self.hashes.binary_search(&hash).ok()
     }
 
     /// Whether the pair with this hash was trained on.
     pub fn contains(&self, hash: u64) -> bool {
-        self.hashes.binary_search(&hash).is_ok()
+        self.index_of(hash).is_some()
     }
 
     /// A trained pair's score read as a held-out pair's: its quantile
@@ -491,18 +519,13 @@ impl TrainedPairs {
         if u > tn {
             return h[h.len() - 1] + (u - tn);
         }
-        // First kept quantile above u; ties among the trained quantiles
-        // (many equal scores) are passed over to the middle of the run.
-        let hi = t.partition_point(|&x| x <= u);
-        let lo_run = t.partition_point(|&x| x < u);
-        if lo_run < hi {
-            // u equals the quantiles lo_run..hi: the middle of their
+        match place(t, u) {
+            // u equals a run of trained quantiles: the middle of their
             // held-out values.
-            return (h[lo_run] + h[hi - 1]) / 2.0;
+            Some(Place::Tie(a, b)) => (h[a] + h[b]) / 2.0,
+            Some(Place::Between(lo, w)) => h[lo] + (h[lo + 1] - h[lo]) * w,
+            None => u,
         }
-        let lo = hi - 1;
-        let w = (u - t[lo]) / (t[hi] - t[lo]);
-        h[lo] + (h[hi] - h[lo]) * w
     }
 
     /// The hashes as per-pair arrays of the checkpoint: two `f32` per
@@ -557,6 +580,12 @@ pub struct SavedQuantiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pair's score read through the division order, by its hash (`u`
+    /// for a hash not trained on).
+    fn ordered(t: &TrainedPairs, hash: u64, u: f64) -> f64 {
+        t.index_of(hash).map_or(u, |at| t.ordered_score_at(at, u))
+    }
 
     #[test]
     fn quantiles_interpolate_order_statistics() {
@@ -636,15 +665,13 @@ mod tests {
         // Within the kept quantiles' interpolation: an order statistic of
         // four falls between two of the 1,001 kept quantiles, which join
         // two of its segments by a chord (off by 0.002 here).
-        let got: Vec<f64> = (0..4)
-            .map(|i| t.ordered_score(hashes[i], scores[i]))
-            .collect();
+        let got: Vec<f64> = (0..4).map(|i| ordered(&t, hashes[i], scores[i])).collect();
         for (g, want) in got.iter().zip([0.1, 0.0, 0.2, 3.0]) {
             assert!((g - want).abs() < 0.005, "{got:?}");
         }
         // A pair not trained on, or a score that is not finite, is as it was.
-        assert_eq!(t.ordered_score(99, 0.05), 0.05);
-        assert!(t.ordered_score(10, f64::NAN).is_nan());
+        assert_eq!(ordered(&t, 99, 0.05), 0.05);
+        assert!(ordered(&t, 10, f64::NAN).is_nan());
         // A division that orders nothing (constant), or does not fit the
         // pairs, leaves no order.
         let plain =
@@ -659,7 +686,7 @@ mod tests {
             .with_division(&hashes, &scores, &[0.5; 3])
             .division
             .is_none());
-        assert_eq!(plain.ordered_score(10, 0.05), 0.05);
+        assert_eq!(ordered(&plain, 10, 0.05), 0.05);
     }
 
     #[test]
@@ -676,13 +703,13 @@ mod tests {
             TrainedPairs::new(hashes.clone(), &scores, &scores, None, None, 10).expect("built");
         let same = base.clone().with_division(&hashes, &scores, &scores);
         for i in 0..n as usize {
-            let g = same.ordered_score(hashes[i], scores[i]);
+            let g = ordered(&same, hashes[i], scores[i]);
             assert!((g - scores[i]).abs() < 0.02, "{i}: {g} for {}", scores[i]);
         }
         let scrambled: Vec<f64> = (0..n).map(|i| f64::from((i * 37) % 101)).collect();
         let t = base.with_division(&hashes, &scores, &scrambled);
         let mut got: Vec<f64> = (0..n as usize)
-            .map(|i| t.ordered_score(hashes[i], scores[i]))
+            .map(|i| ordered(&t, hashes[i], scores[i]))
             .collect();
         let moved = got
             .iter()
